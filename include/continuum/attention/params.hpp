@@ -1,0 +1,106 @@
+// attention/params.hpp — the operator's arguments: strided tensor views,
+// visibility, temperature, and the forward/backward argument structs shared
+// by every backend (after flash-attention's flash.h Params).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "../config.hpp"
+#include "../math/density.hpp"
+
+namespace continuum {
+
+using index_t = std::int64_t;
+
+/// A strided 4-D view [batch, heads, seq, dim] over memory the caller owns.
+/// Strides are in elements; `dim` must be contiguous (stride 1). BHSD, BSHD and
+/// packed QKV layouts are all expressible without copies. A 2-D [seq, dim]
+/// tensor is batch = heads = 1.
+template <class T>
+struct TensorView {
+  T* data = nullptr;
+  index_t batch = 0, heads = 0, seq = 0, dim = 0;
+  index_t stride_batch = 0, stride_head = 0, stride_seq = 0;
+
+  CONTINUUM_HOST_DEVICE T* row(index_t b, index_t h, index_t s) const {
+    return data + b * stride_batch + h * stride_head + s * stride_seq;
+  }
+  /// Contiguous BHSD view.
+  static TensorView bhsd(T* p, index_t b, index_t h, index_t s, index_t d) {
+    return {p, b, h, s, d, h * s * d, s * d, d};
+  }
+  /// Contiguous BSHD view (PyTorch/FlashAttention's [batch, seq, heads, dim]).
+  static TensorView bshd(T* p, index_t b, index_t s, index_t h, index_t d) {
+    return {p, b, h, s, d, s * h * d, d, h * d};
+  }
+  operator TensorView<const T>() const {
+    return {data, batch, heads, seq, dim, stride_batch, stride_head, stride_seq};
+  }
+};
+
+/// Which keys each query sees (SPEC §3). The visible range of query i is
+/// [lo_i, hi_i); the curve is built from those keys only.
+struct Visibility {
+  /// Causal, bottom-right aligned: hi_i = min(Lk, i + Lk - Lq + 1).
+  bool causal = false;
+  /// Sliding window of W ≥ 1 keys counting the diagonal (0 = unlimited):
+  /// lo_i = max(0, hi_i - W). FlashAttention's window_size_left is W - 1.
+  index_t window = 0;
+  /// Explicit per-query ranges, each [batch, Lq] contiguous, or null. When
+  /// given they are intersected with causal/window. Covers padding and packing.
+  const index_t* range_lo = nullptr;
+  const index_t* range_hi = nullptr;
+};
+
+/// How the temperature τ > 0 is shared (SPEC §8).
+enum class TemperatureShape { scalar, per_head, per_query };
+
+/// Temperature: one value, one per query head [heads], or one per query
+/// [batch, heads, Lq] contiguous. Scores are s = scale / τ · q·k.
+template <class T>
+struct Temperature {
+  TemperatureShape shape = TemperatureShape::scalar;
+  T value = T(1);              ///< used when shape == scalar
+  const T* data = nullptr;     ///< used otherwise
+};
+
+/// Forward arguments. Shapes: query [B, Hq, Lq, D], key [B, Hk, Lk, D],
+/// value [B, Hk, Lk, Dv], out [B, Hq, Lq, Dv]; Hq a multiple of Hk (GQA/MQA).
+template <class T>
+struct ForwardArgs {
+  TensorView<const T> query, key, value;
+  TensorView<T> out;
+  /// [B, Hq, Lq] contiguous, log Z_i in natural-log units; may be null.
+  /// Empty rows get -inf. Needed by attention_backward.
+  T* lse = nullptr;
+  Kernel kernel = Kernel::continuum;
+  Temperature<T> temperature{};
+  /// Softmax scale; default 1/sqrt(D).
+  std::optional<double> scale{};
+  Visibility visibility{};
+  /// Optional inspection outputs, [B, Hq, Lq, Lk] contiguous (small inputs
+  /// only): P (the weights that multiply the values) and π (cell masses).
+  T* probs = nullptr;
+  T* cell_mass = nullptr;
+  /// OpenMP threads; 0 = the runtime's default. Results do not depend on it.
+  int num_threads = 0;
+};
+
+/// Backward arguments: the forward's inputs and outputs plus dO; writes dQ,
+/// dK, dV (same shapes and view rules as Q, K, V) and dτ (same shape as the
+/// temperature: a scalar, [Hq], or [B, Hq, Lq]); any output may be null.
+template <class T>
+struct BackwardArgs {
+  TensorView<const T> query, key, value, out, grad_out;
+  const T* lse = nullptr;
+  TensorView<T> grad_query, grad_key, grad_value;
+  T* grad_temperature = nullptr;
+  Kernel kernel = Kernel::continuum;
+  Temperature<T> temperature{};
+  std::optional<double> scale{};
+  Visibility visibility{};
+  int num_threads = 0;
+};
+
+}  // namespace continuum

@@ -1,0 +1,57 @@
+// continuum — Continuum Attention, a header-only C++17 library.
+// config.hpp: version, host/device macros, the math shim, accumulation types.
+// This is the one header that decides whether code is compiled by nvcc
+// (STYLE.md "Host/device macro").
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#define CONTINUUM_VERSION_MAJOR 0
+#define CONTINUUM_VERSION_MINOR 1
+#define CONTINUUM_VERSION_PATCH 0
+
+#if defined(__CUDACC__)
+#  define CONTINUUM_HOST_DEVICE __host__ __device__
+#else
+#  define CONTINUUM_HOST_DEVICE
+#endif
+#if defined(__CUDA_ARCH__)
+#  define CONTINUUM_DEVICE_PASS 1
+#endif
+
+namespace continuum {
+
+inline constexpr int version_major = CONTINUUM_VERSION_MAJOR;
+inline constexpr int version_minor = CONTINUUM_VERSION_MINOR;
+inline constexpr int version_patch = CONTINUUM_VERSION_PATCH;
+
+/// Accumulator type for a storage type (STYLE.md: keep Element apart from Accum).
+/// float accumulates in float, double in double; 16-bit types (CUDA) in float.
+template <class T> struct accum { using type = T; };
+template <class T> using accum_t = typename accum<T>::type;
+
+/// Math shim: every math call in host/device code goes through here
+/// (Eigen's EIGEN_USING_STD idea). On the host these are std::; in a CUDA
+/// device pass they resolve to CUDA's overloads of the same names.
+namespace math {
+#if defined(CONTINUUM_DEVICE_PASS)
+template <class T> CONTINUUM_HOST_DEVICE inline T exp(T x) { return ::exp(x); }
+template <class T> CONTINUUM_HOST_DEVICE inline T expm1(T x) { return ::expm1(x); }
+template <class T> CONTINUUM_HOST_DEVICE inline T log(T x) { return ::log(x); }
+template <class T> CONTINUUM_HOST_DEVICE inline T abs(T x) { return ::fabs(x); }
+template <class T> CONTINUUM_HOST_DEVICE inline bool isnan(T x) { return ::isnan(x); }
+template <class T> CONTINUUM_HOST_DEVICE inline bool isfinite(T x) { return ::isfinite(x); }
+#else
+using std::exp;
+using std::expm1;
+using std::log;
+using std::abs;
+using std::isnan;
+using std::isfinite;
+#endif
+template <class T> CONTINUUM_HOST_DEVICE constexpr T max(T a, T b) { return a < b ? b : a; }
+template <class T> CONTINUUM_HOST_DEVICE constexpr T min(T a, T b) { return b < a ? b : a; }
+}  // namespace math
+
+}  // namespace continuum

@@ -1,0 +1,72 @@
+// math/density.hpp — the relevance density's three-point stencil (SPEC §4, §6)
+// and the score-to-weight policies that make continuum, softmax and focal
+// attention one operator.
+//
+// For query i and visible key j (range [lo, hi)), with scores s_{j-1}, s_j, s_{j+1}:
+//   α_j = L_j + R_j,  L_j = w(s_j, s_{j-1}) if j-1 ≥ lo else e^{s_j}/2,
+//                      R_j = w(s_j, s_{j+1}) if j+1 < hi else e^{s_j}/2.
+// Softmax replaces the stencil by α_j = e^{s_j}. Scores are shifted by the row
+// maximum by the callers; the stencil is invariant to the shift up to e^{shift}.
+#pragma once
+
+#include "curve.hpp"
+
+namespace continuum {
+
+/// Which attention operator: a runtime choice for the API; the kernels are
+/// templated on the matching stencil policy below.
+/// `focal` is softmax whose temperature is set by the model (SPEC §8): at the
+/// operator level it uses the softmax stencil with the temperature it is given.
+enum class Kernel { continuum, softmax, focal };
+
+inline constexpr const char* kernel_name(Kernel k) {
+  return k == Kernel::continuum ? "continuum" : k == Kernel::softmax ? "softmax" : "focal";
+}
+
+/// Continuum stencil policy (SPEC §4): α depends on the two neighbours.
+struct ContinuumStencil {
+  static constexpr bool has_halo = true;
+
+  /// α_j from the (shifted) scores; has_left / has_right say whether the
+  /// neighbour is visible (else that side is a flat half-token cell).
+  template <class T>
+  CONTINUUM_HOST_DEVICE static T weight(T left, T s, T right, bool has_left, bool has_right) {
+    const T l = has_left ? segment_weight(s, left) : half_cell_weight(s);
+    const T r = has_right ? segment_weight(s, right) : half_cell_weight(s);
+    return l + r;
+  }
+  /// ∂α_j/∂s_j.
+  template <class T>
+  CONTINUUM_HOST_DEVICE static T weight_ds(T left, T s, T right, bool has_left, bool has_right) {
+    const T l = has_left ? segment_weight_dx(s, left) : half_cell_weight(s);
+    const T r = has_right ? segment_weight_dx(s, right) : half_cell_weight(s);
+    return l + r;
+  }
+  /// ∂α_j/∂s_{j±1} = ∂α_{j±1}/∂s_j: the coupling across segment (s_j, s_{j±1}).
+  template <class T>
+  CONTINUUM_HOST_DEVICE static T coupling(T s, T neighbour) {
+    return segment_weight_dy(s, neighbour);
+  }
+  /// Cell mass (unnormalised) π_j: the density integrated over token j's cell.
+  template <class T>
+  CONTINUUM_HOST_DEVICE static T cell_mass(T left, T s, T right, bool has_left, bool has_right) {
+    const T l = has_left ? half_segment_mass(s, left) : half_cell_weight(s);
+    const T r = has_right ? half_segment_mass(s, right) : half_cell_weight(s);
+    return l + r;
+  }
+};
+
+/// Softmax stencil policy: α_j = e^{s_j}; no neighbours, no coupling.
+struct SoftmaxStencil {
+  static constexpr bool has_halo = false;
+  template <class T>
+  CONTINUUM_HOST_DEVICE static T weight(T, T s, T, bool, bool) { return math::exp(s); }
+  template <class T>
+  CONTINUUM_HOST_DEVICE static T weight_ds(T, T s, T, bool, bool) { return math::exp(s); }
+  template <class T>
+  CONTINUUM_HOST_DEVICE static T coupling(T, T) { return T(0); }
+  template <class T>
+  CONTINUUM_HOST_DEVICE static T cell_mass(T, T s, T, bool, bool) { return math::exp(s); }
+};
+
+}  // namespace continuum
