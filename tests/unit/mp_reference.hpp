@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <vector>
 
 namespace mpref {
 
@@ -85,6 +86,69 @@ double ulp_error(T got, const mpreal& ref) {
   const mpreal ulp = mpfr::ldexp(mpreal(1, kPrec), int(e - (L::digits - 1)));
   const mpreal diff = mpfr::abs(mpreal(got, kPrec) - ref);
   return (diff / ulp).toDouble();
+}
+
+/// n-point Gauss–Legendre rule on [0, 1] at kPrec bits (Newton on P_n).
+/// Exact for polynomials of degree < 2n; for e^{-δu}·(polynomial of degree
+/// ≤ 2) with δ ≤ 30 and n = 48 the error is below 1e-35 relative.
+struct GaussLegendre {
+  std::vector<mpreal> x, w;
+  explicit GaussLegendre(int n) {
+    const mpreal pi = mpfr::const_pi(kPrec);
+    for (int i = 0; i < n; ++i) {
+      mpreal t = mpfr::cos(pi * (i + 0.75) / (n + 0.5));
+      mpreal dp;
+      for (int it = 0; it < 100; ++it) {
+        mpreal p0(1, kPrec), p1 = t;
+        for (int k = 2; k <= n; ++k) {
+          mpreal p2 = ((2 * k - 1) * t * p1 - (k - 1) * p0) / k;
+          p0 = p1;
+          p1 = p2;
+        }
+        dp = n * (t * p1 - p0) / (t * t - 1);
+        const mpreal dt = p1 / dp;
+        t -= dt;
+        if (mpfr::abs(dt) < mpfr::ldexp(mpreal(1, kPrec), -kPrec + 8)) break;
+      }
+      x.push_back((1 - t) / 2);
+      w.push_back(1 / ((1 - t * t) * dp * dp));  // (2/((1-t²)P'²)) · 1/2 for [0, 1]
+    }
+  }
+  /// ∫_0^L f(u) du.
+  template <class F>
+  mpreal integrate(F f, const mpreal& L = mpreal(1, kPrec)) const {
+    mpreal s(0, kPrec);
+    for (size_t i = 0; i < x.size(); ++i) s += w[i] * f(L * x[i]);
+    return s * L;
+  }
+};
+
+/// Exact segment quantities of SPEC §4–§5 at exact scores x, y (closed forms at
+/// kPrec bits via mp_moments): weight w(x,y), ∂w/∂x, ∂w/∂y, and the mass of the
+/// half next to x. -∞ scores give 0 (the curve's exp vanishes on the segment).
+struct Segment {
+  mpreal w, dx, dy, half;
+};
+inline Segment mp_segment(const mpreal& x_in, const mpreal& y_in) {
+  mpreal x(x_in), y(y_in);
+  x.set_prec(kPrec);
+  y.set_prec(kPrec);
+  Segment s;
+  if (mpfr::isinf(x) || mpfr::isinf(y)) {
+    s.w = s.dx = s.dy = s.half = mpreal(0, kPrec);
+    return s;
+  }
+  const bool near = x >= y;
+  const mpreal m = near ? x : y;
+  const mpreal d = mpfr::abs(x - y);
+  const mpreal em = mpfr::exp(m);
+  const Moments f = mp_moments(-d);
+  const Moments g = mp_moments(-d / 2);
+  s.w = em * (near ? f.nu : f.mu1);
+  s.dx = em * (near ? f.nu2 : f.mu2);
+  s.dy = em * f.kappa;
+  s.half = em * g.mu0 / 2 * (near ? mpreal(1, kPrec) : mpfr::exp(-d / 2));
+  return s;
 }
 
 /// "-0x1.8p+3 (-12)": an input that reproduces exactly, plus a readable value.
