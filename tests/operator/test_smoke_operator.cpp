@@ -428,3 +428,127 @@ TEST_CASE("bad input throws std::invalid_argument naming the argument", "[operat
   { auto a = good; a.lse = r.out.data(); expect_throw(a, "lse"); }
   CHECK_NOTHROW(attention_forward(cpu, good));
 }
+
+TEST_CASE("backward across key tiles and query blocks: sampled finite differences", "[operator][smoke]") {
+  // Lk = 150 spans three 64-key tiles, Lq = 40 three 16-row blocks; GQA 4:2;
+  // per-head τ (dτ summed over batch and queries). Coordinates sampled at and
+  // around the tile boundaries 63/64 and 127/128.
+  for (int mode : {0, 1, 2, 3}) {
+    Problem p = make_problem(2, 4, 2, 40, 150, 3, 2, 300 + mode, 1.5);
+    set_vis(p, mode);
+    for (index_t b = 0; b < p.B; ++b)
+      for (index_t h = 0; h < p.Hq; ++h)
+        for (index_t i = 0; i < p.Lq; ++i) p.tau[(b * p.Hq + h) * p.Lq + i] = 0.4 + 0.2 * h;
+    std::mt19937_64 g(17 + mode);
+    std::uniform_real_distribution<double> u(-1, 1);
+    std::vector<double> dout(p.B * p.Hq * p.Lq * p.Dv);
+    for (auto& x : dout) x = u(g);
+    Run<double> r;
+    auto ba = backward_args<double>(p, r, dout);
+    std::vector<double> head_tau = {0.4, 0.6, 0.8, 1.0};
+    ba.temperature.shape = TemperatureShape::per_head;
+    ba.temperature.data = head_tau.data();
+    std::vector<double> dtau_h(4);
+    ba.grad_temperature = dtau_h.data();
+    attention_backward(cpu, ba);
+    auto loss = [&](const Problem& pp) {
+      std::vector<double> o, l;
+      naive_forward(pp, o, l);
+      double s = 0;
+      for (size_t i = 0; i < o.size(); ++i) s += o[i] * dout[i];
+      return s;
+    };
+    const double h = 1e-6;
+    double worst = 0;
+    auto check_coord = [&](std::vector<double> Problem::*field, size_t idx, double got) {
+      Problem pp = p, pm = p;
+      (pp.*field)[idx] += h; (pm.*field)[idx] -= h;
+      const double num = (loss(pp) - loss(pm)) / (2 * h);
+      worst = std::max(worst, std::abs(num - got) / (1 + std::abs(num)));
+    };
+    for (index_t j : {0, 1, 62, 63, 64, 65, 126, 127, 128, 129, 149})
+      for (index_t b = 0; b < 2; ++b)
+        for (index_t hk = 0; hk < 2; ++hk) {
+          const size_t kidx = ((b * 2 + hk) * p.Lk + j) * p.D + (j % 3);
+          const size_t vidx = ((b * 2 + hk) * p.Lk + j) * p.Dv + (j % 2);
+          check_coord(&Problem::k, kidx, r.dk[kidx]);
+          check_coord(&Problem::v, vidx, r.dv[vidx]);
+        }
+    for (index_t i : {0, 15, 16, 17, 31, 32, 39})
+      for (index_t hq = 0; hq < 4; ++hq) {
+        const size_t qidx = ((1 * 4 + hq) * p.Lq + i) * p.D + (i % 3);
+        check_coord(&Problem::q, qidx, r.dq[qidx]);
+      }
+    // per-head dτ: perturb every τ of head h together
+    for (index_t hq = 0; hq < 4; ++hq) {
+      Problem pp = p, pm = p;
+      for (index_t b = 0; b < p.B; ++b)
+        for (index_t i = 0; i < p.Lq; ++i) {
+          pp.tau[(b * p.Hq + hq) * p.Lq + i] += h;
+          pm.tau[(b * p.Hq + hq) * p.Lq + i] -= h;
+        }
+      const double num = (loss(pp) - loss(pm)) / (2 * h);
+      worst = std::max(worst, std::abs(num - dtau_h[hq]) / (1 + std::abs(num)));
+    }
+    INFO("mode " << mode << " worst " << worst);
+    CHECK(worst < 1e-7);
+  }
+}
+
+TEST_CASE("padded rows (stride D+1, NaN padding) are never read (W06)", "[operator][smoke]") {
+  for (index_t D : {1, 3, 9, 17, 65}) {
+    Problem p = make_problem(1, 1, 1, 7, 7, D, D, 40 + D);
+    p.vis.causal = D % 2 == 1;
+    Run<double> r;
+    auto a = forward_args<double>(p, r, TemperatureShape::scalar);
+    attention_forward(cpu, a);
+    std::vector<double> qp(7 * (D + 1), NAN), kp(7 * (D + 1), NAN), vp(7 * (D + 1), NAN);
+    for (index_t t = 0; t < 7; ++t)
+      for (index_t e = 0; e < D; ++e) {
+        qp[t * (D + 1) + e] = p.q[t * D + e];
+        kp[t * (D + 1) + e] = p.k[t * D + e];
+        vp[t * (D + 1) + e] = p.v[t * D + e];
+      }
+    auto padded = [&](std::vector<double>& x) {
+      return TensorView<const double>{x.data(), 1, 1, 7, D, 0, 0, D + 1, 1};
+    };
+    ForwardArgs<double> b = a;
+    std::vector<double> o(7 * D), l(7);
+    b.query = padded(qp); b.key = padded(kp); b.value = padded(vp);
+    b.out = TensorView<double>::bhsd(o.data(), 1, 1, 7, D);
+    b.lse = l.data();
+    attention_forward(cpu, b);
+    for (index_t e = 0; e < 7 * D; ++e) CHECK(o[e] == r.out[e]);
+  }
+}
+
+TEST_CASE("non-finite inputs reach only the rows that see them", "[operator][smoke]") {
+  Problem p = make_problem(1, 1, 1, 8, 8, 4, 2, 5);
+  p.vis.causal = true;
+  p.k[5 * 4 + 1] = NAN;  // key 5: rows 5..7 see it
+  p.v[6 * 2 + 0] = INFINITY;  // value 6: rows 6..7
+  Run<float> r;
+  auto a = forward_args<float>(p, r);
+  attention_forward(cpu, a);
+  for (index_t i = 0; i < 5; ++i) {
+    CHECK(std::isfinite(r.out[i * 2]));
+    CHECK(std::isfinite(r.lse[i]));
+  }
+  for (index_t i = 5; i < 8; ++i) CHECK(std::isnan(r.out[i * 2 + 1]));
+}
+
+TEST_CASE("called inside the caller's OpenMP region: serial, same result", "[operator][smoke]") {
+  Problem p = make_problem(2, 2, 2, 200, 200, 8, 8, 6);
+  p.vis.causal = true;
+  Run<float> r0;
+  auto a0 = forward_args<float>(p, r0);
+  attention_forward(cpu, a0);
+  std::vector<Run<float>> rs(4);
+  std::vector<ForwardArgs<float>> as;
+  for (auto& r : rs) as.push_back(forward_args<float>(p, r));
+#if defined(_OPENMP)
+#  pragma omp parallel for num_threads(2)
+#endif
+  for (int t = 0; t < 4; ++t) attention_forward(cpu, as[t]);
+  for (auto& r : rs) CHECK(std::memcmp(r.out.data(), r0.out.data(), r0.out.size() * 4) == 0);
+}
