@@ -76,7 +76,9 @@ struct ForwardArgs {
   TensorView<const T> query, key, value;
   TensorView<T> out;
   /// [B, Hq, Lq] contiguous, log Z_i in natural-log units; may be null.
-  /// Empty rows get -inf. Needed by attention_backward.
+  /// Empty rows get -inf. Computed in double and rounded once to T, so it is
+  /// ±inf when log Z_i is outside T's range (tiny τ, huge scores). The CPU
+  /// backward does not need it (it recomputes the row statistics).
   T* lse = nullptr;
   Kernel kernel = Kernel::continuum;
   Temperature<T> temperature{};
@@ -97,6 +99,9 @@ struct ForwardArgs {
 template <class T>
 struct BackwardArgs {
   TensorView<const T> query, key, value, out, grad_out;
+  /// The forward's lse; optional. The CPU backend ignores it and recomputes
+  /// each row's maximum and Z with the forward's own code (so P is the
+  /// forward's P even where lse overflowed T); other backends may use it.
   const T* lse = nullptr;
   TensorView<T> grad_query, grad_key, grad_value;
   T* grad_temperature = nullptr;
