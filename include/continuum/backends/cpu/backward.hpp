@@ -26,6 +26,12 @@ namespace cpu_detail {
 /// Row statistics saved by pass A for pass B (compute type, [B, Hq, Lq]).
 struct RowStats {
   std::vector<double> m, sum, dl, dtau;
+  /// Rows whose every weight underflowed (sum == 0 although keys are visible;
+  /// double storage with score gaps c·Δr beyond ~1e300 only): the number of
+  /// keys at the raw maximum. The forward returns their mean value (the
+  /// τ → 0 limit); the backward gives dV = dO / ties to each of them and no
+  /// dQ, dK, dτ contribution from the row (documented limitation).
+  std::vector<double> ties;
 };
 
 template <class T, class Stencil>
@@ -141,6 +147,12 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
     rs.sum[row_id] = rg[r].empty() ? 0.0 : st[r].sum;
     rs.dl[row_id] = dl[r];
     rs.dtau[row_id] = -dtau[r] / tau;
+    if (!rg[r].empty() && st[r].sum == 0.0) {
+      double n = 0.0;
+      for (index_t j = rg[r].lo; j < rg[r].hi; ++j)
+        if (raw_dot(a.query.row(b, hq, i), a.key.row(b, hk, j), D) == st[r].m) n += 1.0;
+      rs.ties[row_id] = n;
+    }
     if (a.grad_query.data) {
       T* g = a.grad_query.row(b, hq, i);
       const double* dqr = dq + r * D;
@@ -202,15 +214,20 @@ void backward_key_block(const BackwardArgs<T>& a, const AttentionShape& sh, doub
         const index_t i = i0 + r;
         const index_t row_id = (b * sh.heads_q + hq) * Lq + i;
         const double sum = rs.sum[row_id];
-        if (sum == 0.0) continue;
-        const double m = rs.m[row_id], dlr = rs.dl[row_id], inv = 1.0 / sum;
-        const double cr = scale / temperature_of(a.temperature, b, hq, i, sh.heads_q, Lq);
         const index_t lo = rg[r].lo, hi = rg[r].hi;
         const index_t ja = k0 > lo ? k0 : lo, jb = k1 < hi ? k1 : hi;
         const double* sr = ws.s.data() + r * nc;
+        const double* gr_o = ws.dod.data() + r * Dv;
+        if (sum == 0.0) {
+          const double ties = rs.ties[row_id];
+          for (index_t j = ja; j < jb; ++j)
+            if (ties > 0.0 && sr[j - c0] == rs.m[row_id]) axpy(dv + (j - k0) * Dv, 1.0 / ties, gr_o, Dv);
+          continue;
+        }
+        const double m = rs.m[row_id], dlr = rs.dl[row_id], inv = 1.0 / sum;
+        const double cr = scale / temperature_of(a.temperature, b, hq, i, sh.heads_q, Lq);
         const double* pr = ws.dp.data() + r * nc;
         const double* qr = ws.qd.data() + r * D;
-        const double* gr_o = ws.dod.data() + r * Dv;
         for (index_t j = ja; j < jb; ++j) {
           const bool hl = j - 1 >= lo, hr = j + 1 < hi;
           const index_t x = j - c0;
@@ -247,6 +264,7 @@ void backward(const BackwardArgs<T>& a, const AttentionShape& sh, double scale) 
   rs.sum.assign(static_cast<std::size_t>(rows), 0.0);
   rs.dl.assign(static_cast<std::size_t>(rows), 0.0);
   rs.dtau.assign(static_cast<std::size_t>(rows), 0.0);
+  rs.ties.assign(static_cast<std::size_t>(rows), 0.0);
   const double work = static_cast<double>(rows) * static_cast<double>(sh.len_k);
   const bool want_dq = a.grad_query.data != nullptr || a.grad_temperature != nullptr;
 
