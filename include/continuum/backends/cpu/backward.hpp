@@ -38,7 +38,6 @@ template <class T, class Stencil>
 void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, double scale,
                           index_t b, index_t hq, index_t qb, RowStats& rs, bool want_dq,
                           Workspace& ws) {
-  using F = detail::FlushedStencil<Stencil, double>;
   const index_t Lq = sh.len_q, Lk = sh.len_k, D = sh.dim, Dv = sh.dim_v;
   const index_t hk = hq / sh.group();
   const index_t i0 = qb * block_q;
@@ -80,6 +79,7 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
     Workspace::fit(ws.kt, maxc * D);
     Workspace::fit(ws.s, nq * maxc);
     Workspace::fit(ws.w, block_k);
+    Workspace::fit(ws.ds, block_k);
     const index_t kfirst = (klo / block_k) * block_k;
     // Sweep 1: row statistics, the forward's online code.
     for (index_t k0 = kfirst; k0 < khi; k0 += block_k) {
@@ -121,17 +121,15 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
           const double* pr = ws.dp.data() + r * nc;
           const double m = st[r].m, cr = c[r], inv = 1.0 / st[r].sum, dlr = dl[r];
           double* dqr = dq + r * D;
+          double* dsr = ws.ds.data();
+          detail::row_stencil<Stencil>(
+              lo, hi, ja, jb, [&](index_t j) { return detail::shifted_score(cr, sr[j - c0], m); },
+              nullptr, [&](index_t j) { return pr[j - c0] - dlr; }, dsr);
           for (index_t j = ja; j < jb; ++j) {
-            const bool hl = j - 1 >= lo, hr = j + 1 < hi;
-            const index_t x = j - c0;
-            const double s = detail::shifted_score(cr, sr[x], m);
-            const double l = hl ? detail::shifted_score(cr, sr[x - 1], m) : 0.0;
-            const double rt = hr ? detail::shifted_score(cr, sr[x + 1], m) : 0.0;
-            const double gl = hl ? pr[x - 1] - dlr : 0.0;
-            const double gr = hr ? pr[x + 1] - dlr : 0.0;
-            const double ds = F::grad_score(l, s, rt, hl, hr, gl, pr[x] - dlr, gr) * inv;
+            const double ds = dsr[j - ja] * inv;
             if (ds == 0.0) continue;
-            axpy(dqr, ds, ws.kd.data() + x * D, D);
+            axpy(dqr, ds, ws.kd.data() + (j - c0) * D, D);
+            const double s = detail::shifted_score(cr, sr[j - c0], m);
             if (s > -__builtin_huge_val()) dtau[r] += ds * s;
           }
         }
@@ -164,7 +162,6 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
 template <class T, class Stencil>
 void backward_key_block(const BackwardArgs<T>& a, const AttentionShape& sh, double scale, index_t b,
                         index_t hk, index_t kb, const RowStats& rs, Workspace& ws) {
-  using F = detail::FlushedStencil<Stencil, double>;
   const index_t Lq = sh.len_q, Lk = sh.len_k, D = sh.dim, Dv = sh.dim_v;
   const index_t group = sh.group();
   const index_t k0 = kb * block_k;
@@ -183,6 +180,8 @@ void backward_key_block(const BackwardArgs<T>& a, const AttentionShape& sh, doub
   Workspace::fit(ws.dod, block_q * Dv);
   Workspace::fit(ws.s, block_q * maxc);
   Workspace::fit(ws.dp, block_q * maxc);
+  Workspace::fit(ws.w, block_k);
+  Workspace::fit(ws.ds, block_k);
   double* dv = ws.acc.data();
   double* dk = ws.dacc.data();
   for (index_t e = 0; e < nk * Dv; ++e) dv[e] = 0.0;
@@ -228,17 +227,15 @@ void backward_key_block(const BackwardArgs<T>& a, const AttentionShape& sh, doub
         const double cr = scale / temperature_of(a.temperature, b, hq, i, sh.heads_q, Lq);
         const double* pr = ws.dp.data() + r * nc;
         const double* qr = ws.qd.data() + r * D;
+        double* wr = ws.w.data();
+        double* dsr = ws.ds.data();
+        detail::row_stencil<Stencil>(
+            lo, hi, ja, jb, [&](index_t j) { return detail::shifted_score(cr, sr[j - c0], m); }, wr,
+            [&](index_t j) { return pr[j - c0] - dlr; }, dsr);
         for (index_t j = ja; j < jb; ++j) {
-          const bool hl = j - 1 >= lo, hr = j + 1 < hi;
-          const index_t x = j - c0;
-          const double s = detail::shifted_score(cr, sr[x], m);
-          const double l = hl ? detail::shifted_score(cr, sr[x - 1], m) : 0.0;
-          const double rt = hr ? detail::shifted_score(cr, sr[x + 1], m) : 0.0;
-          const double p = F::weight(l, s, rt, hl, hr) * inv;
+          const double p = wr[j - ja] * inv;
           if (p != 0.0) axpy(dv + (j - k0) * Dv, p, gr_o, Dv);
-          const double gl = hl ? pr[x - 1] - dlr : 0.0;
-          const double gr = hr ? pr[x + 1] - dlr : 0.0;
-          const double ds = F::grad_score(l, s, rt, hl, hr, gl, pr[x] - dlr, gr) * inv;
+          const double ds = dsr[j - ja] * inv;
           if (ds != 0.0) axpy(dk + (j - k0) * D, cr * ds, qr, D);
         }
       }
