@@ -576,6 +576,14 @@ TEST_CASE("non-finite inputs reach only the rows that see them", "[operator][smo
     CHECK(std::isfinite(r.lse[i]));
   }
   for (index_t i = 5; i < 8; ++i) CHECK(std::isnan(r.out[i * 2 + 1]));
+  // Backward: dQ of rows 0..4 (which see neither key 5 nor value 6) stays finite.
+  std::vector<double> dout(p.Lq * p.Dv, 1.0);
+  Run<float> rb;
+  auto ba = backward_args<float>(p, rb, dout);
+  attention_backward(cpu, ba);
+  for (index_t i = 0; i < 5 * 4; ++i) CHECK(std::isfinite(rb.dq[i]));
+  for (index_t i = 0; i < 5; ++i) CHECK(std::isfinite(rb.dtau[i]));
+  CHECK(std::isnan(rb.dq[5 * 4]));
 }
 
 TEST_CASE("called inside the caller's OpenMP region: serial, same result", "[operator][smoke]") {

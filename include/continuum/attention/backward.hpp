@@ -39,6 +39,11 @@ namespace continuum {
 /// \note Deterministic: bitwise identical for any thread count (query blocks
 ///       own dQ, key tiles own dK/dV, fixed summation orders, no atomics).
 ///       Empty rows give zero gradients. Memory O(B·Hq·Lq + tiles).
+///       Range limit (double storage only): where the score gaps c·|Δ(q·k)|
+///       around a row's maximum exceed ~1e150, neighbour weights (~1/δ²)
+///       underflow and that row's dQ, dK, dτ flush to 0; beyond ~1e300 every
+///       weight underflows (forward: mean value of the maximal keys; backward:
+///       dV only). Float storage never reaches these (computed in double).
 template <class Backend, class T>
 void attention_backward(Backend, const BackwardArgs<T>& args) {
   double scale = 1.0;
