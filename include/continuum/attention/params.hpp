@@ -72,10 +72,11 @@ struct ForwardArgs {
   TensorView<const T> query, key, value;
   TensorView<T> out;
   /// [B, Hq, Lq] contiguous, log Z_i in natural-log units; may be null.
-  /// Empty rows get -inf. Needed by attention_backward.
-  T* lse = nullptr;
+  /// Empty rows get -inf. Needed by attention_backward. Held in the
+  /// accumulator type (float for the CUDA backend's 16-bit storage types).
+  accum_t<T>* lse = nullptr;
   Kernel kernel = Kernel::continuum;
-  Temperature<T> temperature{};
+  Temperature<accum_t<T>> temperature{};
   /// Softmax scale; default 1/sqrt(D).
   std::optional<double> scale{};
   Visibility visibility{};
@@ -90,14 +91,15 @@ struct ForwardArgs {
 /// Backward arguments: the forward's inputs and outputs plus dO; writes dQ,
 /// dK, dV (same shapes and view rules as Q, K, V) and dτ (same shape as the
 /// temperature: a scalar, [Hq], or [B, Hq, Lq]); any output may be null.
+/// lse, the temperature and dτ are in accum_t<T> (= T for float and double).
 template <class T>
 struct BackwardArgs {
   TensorView<const T> query, key, value, out, grad_out;
-  const T* lse = nullptr;
+  const accum_t<T>* lse = nullptr;
   TensorView<T> grad_query, grad_key, grad_value;
-  T* grad_temperature = nullptr;
+  accum_t<T>* grad_temperature = nullptr;
   Kernel kernel = Kernel::continuum;
-  Temperature<T> temperature{};
+  Temperature<accum_t<T>> temperature{};
   std::optional<double> scale{};
   Visibility visibility{};
   int num_threads = 0;
