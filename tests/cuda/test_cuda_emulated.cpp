@@ -37,8 +37,9 @@ struct Emulator {
 
   void forward(const ForwardArgs<E>& a) {
     using A = accum_t<E>;
-    check_views(a.query, a.key, a.value);
-    KernelParams<E, A> p = make_params<E, A>(a);
+    double scale = 1;
+    const AttentionShape shape = validate_forward_device(a, &scale);
+    KernelParams<E, A> p = make_params<E, A>(a, shape, scale);
     p.out = a.out;
     p.lse_out = a.lse;
     p.bm = bm;
@@ -56,11 +57,16 @@ struct Emulator {
   void backward_with(KernelParams<E, accum_t<E>> p, accum_t<E>* grad_tau) {
     using A = accum_t<E>;
     const index_t rows = p.B * p.Hq * p.Lq;
-    std::vector<A> ws(static_cast<std::size_t>(2 * rows + 1));
+    std::vector<A> ws(static_cast<std::size_t>(4 * rows + 1));
     p.row_delta = ws.data();
+    p.row_shift = ws.data() + rows;
+    p.row_norm = ws.data() + 2 * rows;
     p.row_dtau = grad_tau == nullptr ? nullptr
-                 : p.tshape == TemperatureShape::per_query ? grad_tau : ws.data() + rows;
+                 : p.tshape == TemperatureShape::per_query ? grad_tau : ws.data() + 3 * rows;
     emulate_launch(grid((rows + threads - 1) / threads), threads, 0, [&] { delta_body<E, A>(p); });
+    const std::size_t b0 = ForwardShared<A>::carve(nullptr, nullptr, bm, bn, p.D, p.Dv);
+    emulate_launch(grid(((p.Lq + bm - 1) / bm) * p.B * p.Hq), threads, b0,
+                   [&] { forward_body<E, A, Stencil, true>(p); });
     const std::size_t b1 = BackwardShared<A>::carve(nullptr, nullptr, bm, bn, p.D, p.Dv, false);
     emulate_launch(grid(((p.Lq + bm - 1) / bm) * p.B * p.Hq), threads, b1,
                    [&] { dq_body<E, A, Stencil>(p); });
@@ -76,8 +82,9 @@ struct Emulator {
 
   void backward(const BackwardArgs<E>& a) {
     using A = accum_t<E>;
-    check_views(a.query, a.key, a.value);
-    KernelParams<E, A> p = make_params<E, A>(a);
+    double scale = 1;
+    const AttentionShape shape = validate_backward_device(a, &scale);
+    KernelParams<E, A> p = make_params<E, A>(a, shape, scale);
     p.o = a.out;
     p.dout = a.grad_out;
     p.lse_in = a.lse;

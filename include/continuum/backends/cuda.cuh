@@ -22,6 +22,7 @@
 #endif
 
 #include "../attention/params.hpp"
+#include "../attention/validate.hpp"
 #include "backend.hpp"
 #include "cuda/launch.cuh"
 
@@ -29,37 +30,48 @@ namespace continuum {
 
 #if defined(CONTINUUM_WITH_CUDA)
 
-/// The CUDA implementation behind the continuum::cuda tag.
+/// The CUDA implementation behind the continuum::cuda tag (the interface of
+/// attention_impl<cpu_t>: validated shape and scale in, Stencil chosen by the
+/// caller from args.kernel).
 template <>
 struct attention_impl<cuda_t> {
-  /// Forward (SPEC §4–§5). \throws std::invalid_argument on bad shapes,
-  /// std::runtime_error on CUDA errors. Writes out and, if set, lse (float).
-  template <class T>
-  static void forward(const ForwardArgs<T>& a) {
-    if (a.kernel == Kernel::continuum)
-      cuda_detail::forward_launch<T, ContinuumStencil>(a);
-    else
-      cuda_detail::forward_launch<T, SoftmaxStencil>(a);
+  template <class T, class Stencil>
+  static void forward(const ForwardArgs<T>& args, const AttentionShape& shape, double scale) {
+    cuda_detail::forward_launch<T, Stencil>(args, shape, scale);
   }
-  /// Backward (SPEC §6): dQ, dK, dV, dτ, deterministic (no atomics).
-  template <class T>
-  static void backward(const BackwardArgs<T>& a) {
-    if (a.kernel == Kernel::continuum)
-      cuda_detail::backward_launch<T, ContinuumStencil>(a);
-    else
-      cuda_detail::backward_launch<T, SoftmaxStencil>(a);
+  template <class T, class Stencil>
+  static void backward(const BackwardArgs<T>& args, const AttentionShape& shape, double scale) {
+    cuda_detail::backward_launch<T, Stencil>(args, shape, scale);
   }
 };
 
-/// attention_forward on the GPU; args hold device pointers.
+/// Forward on the GPU (SPEC §4–§5); `args` hold device pointers. Same contract
+/// as attention/forward.hpp's attention_forward, except: T is float, __half or
+/// __nv_bfloat16 (fp32 accumulation; lse and the temperature are float for the
+/// 16-bit types); head_dim, Dv ≤ 256; probs / cell_mass must be null; device
+/// arrays (per-head / per-query τ, explicit ranges) are not validated.
+/// Asynchronous on the default stream.
+/// \throws std::invalid_argument on bad shapes (host-side checks), std::runtime_error on CUDA errors.
 template <class T>
 void attention_forward(cuda_t, const ForwardArgs<T>& args) {
-  attention_impl<cuda_t>::forward(args);
+  double scale = 1.0;
+  const AttentionShape shape = cuda_detail::validate_forward_device(args, &scale);
+  if (args.kernel == Kernel::continuum)
+    attention_impl<cuda_t>::forward<T, ContinuumStencil>(args, shape, scale);
+  else
+    attention_impl<cuda_t>::forward<T, SoftmaxStencil>(args, shape, scale);
 }
-/// attention_backward on the GPU; args hold device pointers.
+
+/// Backward on the GPU (SPEC §6): dQ, dK, dV, dτ; deterministic (no atomics).
+/// Same contract and exceptions as the forward above; lse from it is required.
 template <class T>
 void attention_backward(cuda_t, const BackwardArgs<T>& args) {
-  attention_impl<cuda_t>::backward(args);
+  double scale = 1.0;
+  const AttentionShape shape = cuda_detail::validate_backward_device(args, &scale);
+  if (args.kernel == Kernel::continuum)
+    attention_impl<cuda_t>::backward<T, ContinuumStencil>(args, shape, scale);
+  else
+    attention_impl<cuda_t>::backward<T, SoftmaxStencil>(args, shape, scale);
 }
 
 #endif  // CONTINUUM_WITH_CUDA

@@ -1,13 +1,13 @@
 // backends/cuda/arguments.cuh — host-side checks of the CUDA backend's
-// arguments and their translation into the kernels' KernelParams. Only shapes
-// and host-resident scalars are checked: the views hold device pointers, which
-// are never dereferenced on the host.
+// arguments (attention/validate.hpp's checks, minus those that would read
+// device memory) and their translation into the kernels' KernelParams.
 #pragma once
 
 #include <cmath>
 #include <stdexcept>
 #include <string>
 
+#include "../../attention/validate.hpp"
 #include "common.cuh"
 
 namespace continuum {
@@ -16,64 +16,111 @@ namespace cuda_detail {
 /// The largest head dimension the kernels accept (the tiles live in shared memory).
 inline constexpr index_t max_head_dim = 256;
 
-[[noreturn]] inline void bad(const std::string& what) {
-  throw std::invalid_argument("continuum::attention (cuda): " + what);
+/// The checks of validate.hpp that need no device memory: shapes, strides,
+/// aliasing (pointer arithmetic only), kernel, scale, a scalar temperature,
+/// window, ranges given both-or-neither. Per-head / per-query temperatures and
+/// explicit ranges are device arrays and are not read (their values are the
+/// caller's responsibility). Also head_dim, value dim ≤ 256.
+inline void check_cuda_limits(const char* fn, const AttentionShape& s) {
+  if (s.dim > max_head_dim || s.dim_v > max_head_dim)
+    detail::fail(fn, "head_dim and value dim must be <= " + std::to_string(max_head_dim) +
+                         " on the CUDA backend, got D = " + std::to_string(s.dim) +
+                         ", Dv = " + std::to_string(s.dim_v));
 }
 
-/// Shape checks on the host (nothing is read from device memory).
-template <class E>
-void check_views(const TensorView<const E>& q, const TensorView<const E>& k,
-                 const TensorView<const E>& v) {
-  if (q.batch < 0 || q.heads < 0 || q.seq < 0 || q.dim < 0 || k.seq < 0 || v.dim < 0)
-    bad("negative extent");
-  if (k.batch != q.batch || v.batch != q.batch)
-    bad("key/value batch must equal query batch " + std::to_string(q.batch));
-  if (k.dim != q.dim) bad("key dim must equal query dim " + std::to_string(q.dim));
-  if (v.heads != k.heads || v.seq != k.seq) bad("value must be [B, Hk, Lk, Dv] like key");
-  if (k.heads <= 0 && q.heads > 0) bad("key heads must be >= 1");
-  if (q.heads > 0 && q.heads % k.heads != 0)
-    bad("query heads " + std::to_string(q.heads) + " must be a multiple of key heads " +
-        std::to_string(k.heads) + " (GQA)");
-  if (q.dim > max_head_dim || v.dim > max_head_dim)
-    bad("head_dim and value dim must be <= " + std::to_string(max_head_dim));
+template <class T>
+void check_device_temperature(const char* fn, const Temperature<T>& t, const AttentionShape& s,
+                              double scale) {
+  if (t.shape == TemperatureShape::scalar) {
+    detail::check_temperature(fn, t, s, scale);
+  } else if (t.data == nullptr && s.batch * s.heads_q * s.len_q > 0) {
+    detail::fail(fn, "temperature: per_head / per_query need data (a device array), got null");
+  }
 }
 
-template <class E, class T>
-void check_out(const TensorView<T>& o, index_t B, index_t H, index_t L, index_t Dv,
-               const char* name) {
-  if (o.batch != B || o.heads != H || o.seq != L || o.dim != Dv)
-    bad(std::string(name) + " must be [" + std::to_string(B) + ", " + std::to_string(H) + ", " +
-        std::to_string(L) + ", " + std::to_string(Dv) + "]");
+inline void check_device_visibility(const char* fn, const Visibility& v) {
+  if (v.window < 0) detail::fail(fn, "visibility.window: must be >= 0, got " + std::to_string(v.window));
+  if ((v.range_lo == nullptr) != (v.range_hi == nullptr))
+    detail::fail(fn, "visibility.range_lo / range_hi: give both or neither");
 }
 
+template <class T>
+AttentionShape validate_forward_device(const ForwardArgs<T>& a, double* scale_out) {
+  const char* fn = "attention_forward(cuda)";
+  const AttentionShape s = detail::resolve_shape<T>(fn, a.query, a.key, a.value);
+  detail::check_view(fn, "out", a.out, s.batch, s.heads_q, s.len_q, s.dim_v, "[B, Hq, Lq, Dv]", true);
+  const index_t rows = s.batch * s.heads_q * s.len_q;
+  const detail::Span in[] = {detail::span_of(a.query), detail::span_of(a.key), detail::span_of(a.value)};
+  const detail::Span outs[] = {detail::span_of(a.out), detail::span_of(a.lse, rows)};
+  for (const auto& o : outs)
+    for (const auto& i : in)
+      if (detail::overlap(o, i)) detail::fail(fn, "out / lse: aliases an input (query/key/value)");
+  if (detail::overlap(outs[0], outs[1])) detail::fail(fn, "lse: aliases out");
+  if (a.probs != nullptr || a.cell_mass != nullptr)
+    detail::fail(fn, "probs / cell_mass: inspection outputs are CPU-only, pass null");
+  if (a.kernel != Kernel::continuum && a.kernel != Kernel::softmax && a.kernel != Kernel::focal)
+    detail::fail(fn, "kernel: unknown value");
+  check_cuda_limits(fn, s);
+  const double scale = detail::check_scale(fn, a.scale, s.dim);
+  check_device_temperature(fn, a.temperature, s, scale);
+  check_device_visibility(fn, a.visibility);
+  *scale_out = scale;
+  return s;
+}
+
+template <class T>
+AttentionShape validate_backward_device(const BackwardArgs<T>& a, double* scale_out) {
+  const char* fn = "attention_backward(cuda)";
+  const AttentionShape s = detail::resolve_shape<T>(fn, a.query, a.key, a.value);
+  detail::check_view(fn, "out", a.out, s.batch, s.heads_q, s.len_q, s.dim_v, "[B, Hq, Lq, Dv]", false);
+  detail::check_view(fn, "grad_out", a.grad_out, s.batch, s.heads_q, s.len_q, s.dim_v, "[B, Hq, Lq, Dv]", false);
+  if (a.grad_query.data)
+    detail::check_view(fn, "grad_query", a.grad_query, s.batch, s.heads_q, s.len_q, s.dim, "[B, Hq, Lq, D]", true);
+  if (a.grad_key.data)
+    detail::check_view(fn, "grad_key", a.grad_key, s.batch, s.heads_kv, s.len_k, s.dim, "[B, Hk, Lk, D]", true);
+  if (a.grad_value.data)
+    detail::check_view(fn, "grad_value", a.grad_value, s.batch, s.heads_kv, s.len_k, s.dim_v, "[B, Hk, Lk, Dv]", true);
+  const index_t rows = s.batch * s.heads_q * s.len_q;
+  if (a.lse == nullptr && rows > 0) detail::fail(fn, "lse: required (from attention_forward), got null");
+  const detail::Span in[] = {detail::span_of(a.query), detail::span_of(a.key), detail::span_of(a.value),
+                             detail::span_of(a.out), detail::span_of(a.grad_out), detail::span_of(a.lse, rows)};
+  const detail::Span outs[] = {detail::span_of(a.grad_query), detail::span_of(a.grad_key),
+                               detail::span_of(a.grad_value)};
+  for (int o = 0; o < 3; ++o) {
+    for (const auto& i : in)
+      if (detail::overlap(outs[o], i)) detail::fail(fn, "grad_query/grad_key/grad_value: aliases an input");
+    for (int q = 0; q < o; ++q)
+      if (detail::overlap(outs[o], outs[q])) detail::fail(fn, "gradient outputs alias each other");
+  }
+  if (a.kernel != Kernel::continuum && a.kernel != Kernel::softmax && a.kernel != Kernel::focal)
+    detail::fail(fn, "kernel: unknown value");
+  check_cuda_limits(fn, s);
+  const double scale = detail::check_scale(fn, a.scale, s.dim);
+  check_device_temperature(fn, a.temperature, s, scale);
+  check_device_visibility(fn, a.visibility);
+  *scale_out = scale;
+  return s;
+}
+
+/// The kernels' parameter block from validated arguments.
 template <class E, class A, class Args>
-KernelParams<E, A> make_params(const Args& a) {
+KernelParams<E, A> make_params(const Args& a, const AttentionShape& s, double scale) {
   KernelParams<E, A> p;
   p.q = a.query;
   p.k = a.key;
   p.v = a.value;
-  p.B = a.query.batch;
-  p.Hq = a.query.heads;
-  p.Hk = a.key.heads;
-  p.Lq = a.query.seq;
-  p.Lk = a.key.seq;
-  p.D = a.query.dim;
-  p.Dv = a.value.dim;
-  const double scale = a.scale.value_or(p.D > 0 ? 1.0 / std::sqrt(double(p.D)) : 1.0);
-  if (!(scale > 0) || !std::isfinite(scale)) bad("scale must be finite and > 0");
+  p.B = s.batch;
+  p.Hq = s.heads_q;
+  p.Hk = s.heads_kv;
+  p.Lq = s.len_q;
+  p.Lk = s.len_k;
+  p.D = s.dim;
+  p.Dv = s.dim_v;
   p.scale = A(scale);
   p.tshape = a.temperature.shape;
   p.tvalue = a.temperature.value;
   p.tdata = a.temperature.data;
-  if (p.tshape == TemperatureShape::scalar && !(double(p.tvalue) > 0))
-    bad("temperature must be > 0, got " + std::to_string(double(p.tvalue)));
-  if (p.tshape != TemperatureShape::scalar && p.tdata == nullptr)
-    bad("temperature.data must be set for per-head / per-query temperature");
-  p.causal = a.visibility.causal;
-  p.window = a.visibility.window;
-  if (p.window < 0) bad("window must be >= 0");
-  p.range_lo = a.visibility.range_lo;
-  p.range_hi = a.visibility.range_hi;
+  p.vis = a.visibility;
   return p;
 }
 

@@ -15,11 +15,13 @@
 // atomics, bitwise reproducible (bug case W07). The score tile carries the
 // one-column halo on both sides, since dS_ij reads s and dP at j-1, j, j+1.
 //
-// With t = s - lse (lse = log Z), the stencil is homogeneous: α(t) = α(s)/Z = P,
-// and ∂α/∂s(t) = (∂α/∂s)/Z, so dα = (dP - D)/Z folds into the shifted
-// derivatives:
-//   dS_ij = (dP_ij - D_i) ∂α_j/∂s_j(t) + (dP_i,j-1 - D_i) κ-coupling(t_{j-1}, t_j)
-//         + (dP_i,j+1 - D_i) κ-coupling(t_{j+1}, t_j)        (absent terms dropped).
+// With t = s - shift and Z = e^{shift}·norm (shift = lse, norm = 1 normally;
+// shift = m, norm = l from forward_body<Stats> when |lse| is too large for
+// lse to carry log l, see common.cuh lse_trust_limit), the stencil is
+// homogeneous: α(t)/norm = α(s)/Z = P and ∂α/∂s(t)/norm = (∂α/∂s)/Z, so
+// dα = (dP - D)/Z folds into the shifted derivatives:
+//   dS_ij = [(dP_ij - D_i) ∂α_j/∂s_j(t) + (dP_i,j-1 - D_i) κ-coupling(t_{j-1}, t_j)
+//           + (dP_i,j+1 - D_i) κ-coupling(t_{j+1}, t_j)] / norm   (absent terms dropped).
 #pragma once
 
 #include "common.cuh"
@@ -30,14 +32,14 @@ namespace cuda_detail {
 /// dS (and P) of one visible interior column; `s` points at s_{j-1} of the row
 /// in the (bn+2)-wide tile, `dp` at dP_{j-1}.
 template <class A, class Stencil>
-CONTINUUM_HOST_DEVICE inline A stencil_grad(const A* s, const A* dp, A lse, A delta, bool has_left,
-                                            bool has_right, A* prob) {
-  const A tl = s[0] - lse, tc = s[1] - lse, tr = s[2] - lse;
+CONTINUUM_HOST_DEVICE inline A stencil_grad(const A* s, const A* dp, A shift, A inv_norm, A delta,
+                                            bool has_left, bool has_right, A* prob) {
+  const A tl = s[0] - shift, tc = s[1] - shift, tr = s[2] - shift;
   A ds = (dp[1] - delta) * Stencil::weight_ds(tl, tc, tr, has_left, has_right);
   if (has_left) ds += (dp[0] - delta) * Stencil::coupling(tl, tc);
   if (has_right) ds += (dp[2] - delta) * Stencil::coupling(tr, tc);
-  if (prob != nullptr) *prob = Stencil::weight(tl, tc, tr, has_left, has_right);
-  return ds;
+  if (prob != nullptr) *prob = Stencil::weight(tl, tc, tr, has_left, has_right) * inv_norm;
+  return ds * inv_norm;
 }
 
 /// 1. D_i = Σ_d dO_id o_id, for every row of every (batch, query head).
@@ -61,7 +63,7 @@ CONTINUUM_DEVICE void delta_body(const KernelParams<E, A>& p) {
 template <class A>
 struct BackwardShared {
   index_t *lo, *hi, *krange;
-  A *c, *lse, *delta, *dtau;
+  A *c, *shift, *inv_norm, *delta, *dtau;
   A *q, *go, *k, *v, *s, *dp, *ds, *pr, *acc1, *acc2;
   index_t ldq, ldo, ldk, ldv;
 
@@ -77,7 +79,8 @@ struct BackwardShared {
     t.hi = cv.take<index_t>(bm);
     t.krange = cv.take<index_t>(2);
     t.c = cv.take<A>(bm);
-    t.lse = cv.take<A>(bm);
+    t.shift = cv.take<A>(bm);
+    t.inv_norm = cv.take<A>(bm);
     t.delta = cv.take<A>(bm);
     t.dtau = cv.take<A>(bm);
     t.q = cv.take<A>(bm * t.ldq);
@@ -102,7 +105,7 @@ struct BackwardShared {
 };
 
 /// Per-row data of query tile [i0, i0+bm) of (b, h): range, c = scale/τ,
-/// lse, D. Rows past Lq and empty rows get lo == hi.
+/// shift and 1/norm of P, D. Rows past Lq and empty rows get lo == hi.
 template <class E, class A>
 CONTINUUM_DEVICE void load_row_info(const KernelParams<E, A>& p, const BackwardShared<A>& sh,
                                     index_t b, index_t h, index_t i0, int bm) {
@@ -110,18 +113,20 @@ CONTINUUM_DEVICE void load_row_info(const KernelParams<E, A>& p, const BackwardS
   for (int r = thread_id(); r < bm; r += block_threads()) {
     const index_t i = i0 + r;
     index_t lo = 0, hi = 0;
-    A c = A(0), lse = A(0), delta = A(0);
+    A c = A(0), shift = A(0), norm = A(1), delta = A(0);
     if (i < p.Lq) {
       visible_range(p, b, i, lo, hi);
       c = p.scale / temperature_of(p, b, h, i);
-      lse = p.lse_in[bh * p.Lq + i];
+      shift = p.row_shift[bh * p.Lq + i];
+      norm = p.row_norm[bh * p.Lq + i];
       delta = p.row_delta[bh * p.Lq + i];
-      if (!(lse > neg_inf<A>())) hi = lo;  // forward saw nothing: empty row
+      if (!(shift > neg_inf<A>())) hi = lo;  // forward saw nothing: empty row
     }
     sh.lo[r] = lo;
     sh.hi[r] = hi;
     sh.c[r] = c;
-    sh.lse[r] = lse;
+    sh.shift[r] = shift;
+    sh.inv_norm[r] = A(1) / norm;
     sh.delta[r] = delta;
     sh.dtau[r] = A(0);
   }
@@ -189,7 +194,7 @@ CONTINUUM_DEVICE void score_tile(const KernelParams<E, A>& p, const BackwardShar
     const index_t lo = sh.lo[r], hi = sh.hi[r];
     A ds = A(0), prob = A(0);
     if (j >= lo && j < hi) {
-      ds = stencil_grad<A, Stencil>(sh.s + r * w + jj, sh.dp + r * w + jj, sh.lse[r], sh.delta[r],
+      ds = stencil_grad<A, Stencil>(sh.s + r * w + jj, sh.dp + r * w + jj, sh.shift[r], sh.inv_norm[r], sh.delta[r],
                                     j - 1 >= lo, j + 1 < hi, sh.pr != nullptr ? &prob : nullptr);
     }
     sh.ds[x] = ds;

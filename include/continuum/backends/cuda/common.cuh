@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "../../attention/params.hpp"
+#include "../../attention/visibility.hpp"
 #include "../../config.hpp"
 #include "../../math/density.hpp"
 
@@ -78,6 +79,12 @@ template <> struct storage<__nv_bfloat16> {
 
 template <class A> CONTINUUM_HOST_DEVICE constexpr A neg_inf() { return -A(__builtin_huge_val()); }
 
+/// |lse| above which the backward does not trust P = α(s − lse): lse = m + log l
+/// rounded to A loses log l's low bits once ulp(lse) is no longer small against
+/// 1 (ulp(16) = 2^-19 in float, 2^-48 in double; at lse ~ 2e38, bug case W13,
+/// log l vanishes entirely). Such rows get m and l recomputed (backward.cuh).
+inline constexpr double lse_trust_limit = 16.0;
+
 /// Everything a kernel reads, in one trivially copyable block (flash-attention's
 /// Flash_fwd_params). E = storage type, A = accumulator type. The views hold
 /// device pointers; strides are in elements, the last dimension contiguous.
@@ -91,33 +98,26 @@ struct KernelParams {
   const A* lse_in = nullptr;     // backward
   A* row_delta = nullptr;        // backward workspace D_i = dO_i·o_i, [B,Hq,Lq]
   A* row_dtau = nullptr;         // backward workspace -(1/τ_i) Σ_j dS_ij s_ij, or null
+  A* row_shift = nullptr;        // backward workspace: P_ij = α(s_ij - shift_i) / norm_i
+  A* row_norm = nullptr;         //   (shift = lse, norm = 1; or m, l recomputed, see backward.cuh)
   index_t B = 0, Hq = 0, Hk = 0, Lq = 0, Lk = 0, D = 0, Dv = 0;
   A scale = A(1);                // softmax scale (τ not included)
   TemperatureShape tshape = TemperatureShape::scalar;
   A tvalue = A(1);
   const A* tdata = nullptr;
-  bool causal = false;
-  index_t window = 0;
-  const index_t* range_lo = nullptr;  // [B, Lq] or null
-  const index_t* range_hi = nullptr;
+  Visibility vis{};              // ranges (if any) are device arrays [B, Lq]
   int bm = 64, bn = 64;          // query / key tile sizes (runtime: one instantiation per type)
 };
 
-/// Visible key range [lo, hi) of query i of batch item b (SPEC §3; params.hpp
-/// Visibility): causal bottom-right, then the window from the causal end, then
-/// the explicit ranges intersected. Empty ranges come back as lo == hi.
+/// Visible key range [lo, hi) of query i of batch item b: the shared
+/// attention/visibility.hpp rule (SPEC §3), the same function the CPU backend
+/// uses. Empty ranges come back as lo == hi.
 template <class E, class A>
 CONTINUUM_HOST_DEVICE inline void visible_range(const KernelParams<E, A>& p, index_t b, index_t i,
                                                 index_t& lo, index_t& hi) {
-  hi = p.Lk;
-  lo = 0;
-  if (p.causal) hi = math::min(p.Lk, i + (p.Lk - p.Lq) + 1);
-  if (p.window > 0) lo = math::max(index_t(0), hi - p.window);
-  if (p.range_lo != nullptr) lo = math::max(lo, p.range_lo[b * p.Lq + i]);
-  if (p.range_hi != nullptr) hi = math::min(hi, p.range_hi[b * p.Lq + i]);
-  lo = math::max(lo, index_t(0));
-  hi = math::min(hi, p.Lk);
-  if (hi < lo) hi = lo;
+  const KeyRange r = continuum::visible_range(p.vis, b, i, p.Lq, p.Lk);
+  lo = r.lo;
+  hi = r.hi;
 }
 
 /// τ of query i of (batch b, query head h) (SPEC §8 shapes).

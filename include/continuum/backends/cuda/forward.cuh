@@ -58,7 +58,10 @@ struct ForwardShared {
 
 /// Forward kernel body. Stencil = ContinuumStencil or SoftmaxStencil (focal is
 /// softmax with the temperature it is given, SPEC §8).
-template <class E, class A, class Stencil>
+/// Stats = true is the backward's row-statistics pass: no values, no output;
+/// for the rows of a work item where |lse| > lse_trust_limit it writes the
+/// exact shift m_i and norm l_i (P = α(s − m)/l), elsewhere shift = lse, norm = 1.
+template <class E, class A, class Stencil, bool Stats = false>
 CONTINUUM_DEVICE void forward_body(const KernelParams<E, A>& p) {
   const int tid = thread_id();
   const int nt = block_threads();
@@ -88,6 +91,13 @@ CONTINUUM_DEVICE void forward_body(const KernelParams<E, A>& p) {
       sh.c[r] = c;
       sh.m[r] = neg_inf<A>();
       sh.l[r] = A(0);
+      if (Stats && i < p.Lq) {
+        const A lse = p.lse_in[bh * p.Lq + i];
+        p.row_shift[bh * p.Lq + i] = lse;
+        p.row_norm[bh * p.Lq + i] = A(1);
+        // Trusted rows (and empty rows, lse = -inf) need no recomputation.
+        if (!(math::abs(lse) > A(lse_trust_limit)) || !(lse > neg_inf<A>())) sh.hi[r] = sh.lo[r];
+      }
     }
     block_sync();
     for (index_t x = tid; x < bm * D; x += nt) {
@@ -115,9 +125,11 @@ CONTINUUM_DEVICE void forward_body(const KernelParams<E, A>& p) {
         const index_t cc = x / D, d = x % D, j = n0 - 1 + cc;
         sh.k[cc * sh.ldk + d] = (j >= 0 && j < p.Lk) ? to_acc(p.k.row(b, hk, j)[d]) : A(0);
       }
-      for (index_t x = tid; x < bn * Dv; x += nt) {
-        const index_t jj = x / Dv, d = x % Dv, j = n0 + jj;
-        sh.v[x] = j < p.Lk ? to_acc(p.v.row(b, hk, j)[d]) : A(0);
+      if (!Stats) {
+        for (index_t x = tid; x < bn * Dv; x += nt) {
+          const index_t jj = x / Dv, d = x % Dv, j = n0 + jj;
+          sh.v[x] = j < p.Lk ? to_acc(p.v.row(b, hk, j)[d]) : A(0);
+        }
       }
       block_sync();
       // Scores of every visible (row, column), halo included; -inf elsewhere.
@@ -163,7 +175,7 @@ CONTINUUM_DEVICE void forward_body(const KernelParams<E, A>& p) {
         for (int jj = 0; jj < bn; ++jj) sum += sh.a[r * bn + jj];
         sh.l[r] = sh.l[r] * sh.f[r] + sum;
       }
-      for (index_t x = tid; x < bm * Dv; x += nt) {
+      for (index_t x = tid; x < (Stats ? 0 : bm * Dv); x += nt) {
         const index_t r = x / Dv, d = x % Dv;
         const A* ar = sh.a + r * bn;
         A acc = sh.o[x] * sh.f[r];
@@ -173,6 +185,17 @@ CONTINUUM_DEVICE void forward_body(const KernelParams<E, A>& p) {
       block_sync();
     }
 
+    if (Stats) {
+      for (int r = tid; r < bm; r += nt) {
+        const index_t i = i0 + r;
+        if (i < p.Lq && sh.l[r] > A(0)) {
+          p.row_shift[bh * p.Lq + i] = sh.m[r];
+          p.row_norm[bh * p.Lq + i] = sh.l[r];
+        }
+      }
+      block_sync();
+      continue;
+    }
     for (index_t x = tid; x < bm * Dv; x += nt) {
       const index_t r = x / Dv, d = x % Dv, i = i0 + r;
       if (i < p.Lq) {

@@ -20,8 +20,8 @@
 namespace continuum {
 namespace cuda_detail {
 
-template <class E, class A, class Stencil>
-__global__ void forward_kernel(const KernelParams<E, A> p) { forward_body<E, A, Stencil>(p); }
+template <class E, class A, class Stencil, bool Stats>
+__global__ void forward_kernel(const KernelParams<E, A> p) { forward_body<E, A, Stencil, Stats>(p); }
 template <class E, class A>
 __global__ void delta_kernel(const KernelParams<E, A> p) { delta_body<E, A>(p); }
 template <class E, class A, class Stencil>
@@ -53,7 +53,7 @@ void choose_tiles(SizeFn bytes_for, int& bm, int& bn, std::size_t& bytes) {
       return;
     }
   }
-  bad("head_dim too large for this device's shared memory");
+  detail::fail("attention (cuda)", "head_dim too large for this device's shared memory");
 }
 
 inline unsigned grid_for(index_t work) {
@@ -68,20 +68,16 @@ void set_smem(Kern k, std::size_t bytes) {
 }
 
 template <class E, class Stencil>
-void forward_launch(const ForwardArgs<E>& a) {
+void forward_launch(const ForwardArgs<E>& a, const AttentionShape& shape, double scale) {
   using A = accum_t<E>;
-  check_views(a.query, a.key, a.value);
-  check_out<E>(a.out, a.query.batch, a.query.heads, a.query.seq, a.value.dim, "out");
-  if (a.probs != nullptr || a.cell_mass != nullptr)
-    bad("probs / cell_mass inspection outputs are CPU-only; use the CPU backend");
-  KernelParams<E, A> p = make_params<E, A>(a);
+  KernelParams<E, A> p = make_params<E, A>(a, shape, scale);
   p.out = a.out;
   p.lse_out = a.lse;
   if (p.B == 0 || p.Hq == 0 || p.Lq == 0) return;
   std::size_t bytes = 0;
   choose_tiles([&](int bm, int bn) { return ForwardShared<A>::carve(nullptr, nullptr, bm, bn, p.D, p.Dv); },
                p.bm, p.bn, bytes);
-  auto kern = forward_kernel<E, A, Stencil>;
+  auto kern = forward_kernel<E, A, Stencil, false>;
   set_smem(kern, bytes);
   const index_t work = ((p.Lq + p.bm - 1) / p.bm) * p.B * p.Hq;
   kern<<<grid_for(work), block_size, bytes>>>(p);
@@ -89,18 +85,10 @@ void forward_launch(const ForwardArgs<E>& a) {
 }
 
 template <class E, class Stencil>
-void backward_launch(const BackwardArgs<E>& a) {
+void backward_launch(const BackwardArgs<E>& a, const AttentionShape& shape, double scale) {
   using A = accum_t<E>;
-  check_views(a.query, a.key, a.value);
-  const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq, Dv = a.value.dim;
-  check_out<E>(a.out, B, Hq, Lq, Dv, "out");
-  check_out<E>(a.grad_out, B, Hq, Lq, Dv, "grad_out");
-  if (a.grad_query.data) check_out<E>(a.grad_query, B, Hq, Lq, a.query.dim, "grad_query");
-  if (a.grad_key.data) check_out<E>(a.grad_key, B, a.key.heads, a.key.seq, a.key.dim, "grad_key");
-  if (a.grad_value.data)
-    check_out<E>(a.grad_value, B, a.key.heads, a.key.seq, Dv, "grad_value");
-  if (a.lse == nullptr && B * Hq * Lq > 0) bad("lse (from attention_forward) is required");
-  KernelParams<E, A> p = make_params<E, A>(a);
+  const index_t B = shape.batch, Hq = shape.heads_q, Lq = shape.len_q;
+  KernelParams<E, A> p = make_params<E, A>(a, shape, scale);
   p.o = a.out;
   p.dout = a.grad_out;
   p.lse_in = a.lse;
@@ -129,14 +117,26 @@ void backward_launch(const BackwardArgs<E>& a) {
   }
   const index_t rows = p.B * p.Hq * p.Lq;
   A* ws = nullptr;
-  check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&ws), sizeof(A) * rows * (want_dtau ? 2 : 1), 0),
+  check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&ws), sizeof(A) * rows * 4, 0),
              "cudaMallocAsync");
   p.row_delta = ws;
-  p.row_dtau = want_dtau ? ws + rows : nullptr;
+  p.row_shift = ws + rows;
+  p.row_norm = ws + 2 * rows;
+  p.row_dtau = want_dtau ? ws + 3 * rows : nullptr;
   if (want_dtau && p.tshape == TemperatureShape::per_query) p.row_dtau = a.grad_temperature;
 
   delta_kernel<E, A><<<grid_for((rows + block_size - 1) / block_size), block_size>>>(p);
   check_cuda(cudaGetLastError(), "delta kernel launch");
+  {  // row statistics: shift/norm of P (exact m, l where |lse| is too large to trust)
+    std::size_t fbytes = 0;
+    KernelParams<E, A> ps = p;
+    choose_tiles([&](int bm, int bn) { return ForwardShared<A>::carve(nullptr, nullptr, bm, bn, p.D, p.Dv); },
+                 ps.bm, ps.bn, fbytes);
+    auto kern = forward_kernel<E, A, Stencil, true>;
+    set_smem(kern, fbytes);
+    kern<<<grid_for(((p.Lq + ps.bm - 1) / ps.bm) * p.B * p.Hq), block_size, fbytes>>>(ps);
+    check_cuda(cudaGetLastError(), "row statistics kernel launch");
+  }
 
   std::size_t bytes = 0;
   int bm = 0, bn = 0;
@@ -144,7 +144,7 @@ void backward_launch(const BackwardArgs<E>& a) {
     return BackwardShared<A>::carve(nullptr, nullptr, m, n, p.D, p.Dv, true); }, bm, bn, bytes);
   p.bm = bm;
   p.bn = bn;
-  {
+  if (p.dq.data != nullptr || want_dtau) {
     auto kern = dq_kernel<E, A, Stencil>;
     const std::size_t b2 = BackwardShared<A>::carve(nullptr, nullptr, bm, bn, p.D, p.Dv, false);
     set_smem(kern, b2);
