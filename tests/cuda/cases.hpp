@@ -13,8 +13,8 @@
 //  * bf16 / fp16 storage, fp32 accumulation: the reference runs on the very
 //    same 16-bit values (q, k, v, dO, and the kernel's own o for D_i), so the
 //    differences are the fp32 arithmetic (e32 above) and one final
-//    round-to-nearest into the 16-bit type, ≤ u·|x| with u = 2^-9 (bf16, 8-bit
-//    significand) or 2^-11 (fp16, 11-bit significand):
+//    round-to-nearest into the 16-bit type, ≤ u·|x| with u = 2^-p the unit
+//    roundoff: u = 2^-8 for bf16 (p = 8 significand bits), 2^-11 for fp16 (p = 11):
 //        |x − ref| ≤ u·|ref| + (1 + u)·e32.
 //    lse and dτ stay fp32 (accum_t), so they keep the fp32 bound.
 //  * dτ: e32 uses Σ_j |dS_ij s_ij| / τ_i (summed over the rows sharing τ) in

@@ -193,22 +193,21 @@ CONTINUUM_DEVICE void forward_body(const KernelParams<E, A>& p) {
           p.row_norm[bh * p.Lq + i] = sh.l[r];
         }
       }
-      block_sync();
-      continue;
-    }
-    for (index_t x = tid; x < bm * Dv; x += nt) {
-      const index_t r = x / Dv, d = x % Dv, i = i0 + r;
-      if (i < p.Lq) {
-        const A l = sh.l[r];
-        p.out.row(b, h, i)[d] = storage<E>::from(l > A(0) ? sh.o[x] / l : A(0));
-      }
-    }
-    if (p.lse_out != nullptr) {
-      for (int r = tid; r < bm; r += nt) {
-        const index_t i = i0 + r;
+    } else {
+      for (index_t x = tid; x < bm * Dv; x += nt) {
+        const index_t r = x / Dv, d = x % Dv, i = i0 + r;
         if (i < p.Lq) {
           const A l = sh.l[r];
-          p.lse_out[bh * p.Lq + i] = l > A(0) ? sh.m[r] + math::log(l) : neg_inf<A>();
+          p.out.row(b, h, i)[d] = storage<E>::from(l > A(0) ? sh.o[x] / l : A(0));
+        }
+      }
+      if (p.lse_out != nullptr) {
+        for (int r = tid; r < bm; r += nt) {
+          const index_t i = i0 + r;
+          if (i < p.Lq) {
+            const A l = sh.l[r];
+            p.lse_out[bh * p.Lq + i] = l > A(0) ? sh.m[r] + math::log(l) : neg_inf<A>();
+          }
         }
       }
     }
