@@ -213,3 +213,16 @@ TEST_CASE("the double reference's backward matches central finite differences", 
     for (index_t h = 0; h < c.Hq; ++h) CHECK(fd(in.tau[h]) == Approx(ref.dtau[h]).margin(1e-7));
   }
 }
+
+TEST_CASE("emulated CUDA kernels with the GPU's own tile sizes (64x64 and 32x32, 128 threads)",
+          "[cuda][emulated]") {
+  // launch.cuh picks the largest of 64×64, 64×32, 32×32, … that fits the
+  // device's shared memory, with block_size = 128 threads: run those exact
+  // configurations on a case that spans several tiles in both directions.
+  Case c;
+  c.name = "GPU tiles: GQA 4/2, causal window 100, 150 x 170, D 40, per-head tau";
+  c.B = 1; c.Hq = 4; c.Hk = 2; c.Lq = 150; c.Lk = 170; c.D = 40; c.Dv = 24;
+  c.causal = true; c.window = 100; c.tshape = TemperatureShape::per_head;
+  check_case<float, ConvFloat>(c, 1e-5, 64, 64, block_size);
+  check_case<double, ConvDouble>(c, 1e-12, 32, 32, block_size);
+}
