@@ -23,24 +23,34 @@
 //    scripts/gen_moments_taylor.py (mpmath, 160 digits, rounded once; 15–17 terms,
 //    tail < 2^-60·f). The constant term is a double-double and the last Horner
 //    step is hi + fma(h, S, lo), so the result carries one rounding plus the
-//    tail's error damped by |h f'/f| ≤ 1/3. No exp, no cancellation.
+//    tail's error damped by |h f'/f| ≤ 3/8. No exp, no cancellation.
 //    Why 7.5: below it the closed forms cancel (μ1's numerator 1 - e^{-b}(1+b)
 //    ~ b²/2 loses log2(4/b) bits, κ's b - 2 + (b+2)e^{-b} ~ b³/6 loses
-//    log2(24/b³)); at b ≥ 7.5 the e^{-b} terms weigh ≤ 0.02 of the numerator, so
-//    exp's own ≤ 1 ulp error contributes ≤ 0.02 ulp (κ: (b+2)e^{-b}/(b-2) ≤ 1e-3).
+//    log2(24/b³)). With the double-double numerators below they are already
+//    ≤ 1.2 ulp from b ≥ 4.5 (measured: moving the switch to 2.5 makes μ2 2.8 ulp);
+//    at b ≥ 7.5 the e^{-b} terms weigh ≤ 0.02 of every numerator, so even a
+//    1–2 ulp exp (CUDA documents ≤ 1 ulp for double exp and expm1)
+//    adds ≤ 0.04 ulp. Interval width 1 keeps |h f'/f| ≤ 3/8 (f'/f is the mean
+//    of u under the weight w(u)e^{au}, at most 3/4 (μ2 at a = 0)), so the
+//    Horner tail's rounding is damped by 8/3.
 //  * b ≥ 7.5: the closed forms above with the numerator held as a double-double
 //    (error-free two_sum / fma products) and the division by b², b³ done as a
 //    chain of divisions by b whose remainders are recovered exactly with fma:
 //    one final rounding, and a², a³ are never formed (they would overflow at
-//    |a| > 1.3e154 / 5.6e102). μ0 is expm1(a)/a everywhere (≤ 1.5 ulp).
+//    |a| > 1.3e154 / 5.6e102).
 //  * a = 0 (either sign) gives the exact limits 1, 1/2, 1/3, 1/2, 1/6, 1/3;
 //    a = -∞ gives 0; NaN in gives NaN out. Every function lies in [0, 1].
 //  * a > 0 is outside the domain (callers never form it); results there are
-//    finite for 0 < a ≤ 1/2 (the k = 0 series) and otherwise not specified.
+//    finite for 0 < a ≤ 1/2 (the k = 0 series) and otherwise not specified,
+//    except μ0, which is expm1(a)/a for every a > 0 (≤ 1.5 ulp with glibc):
+//    SPEC §7.7 uses it at y - x > 0.
 //
-// Accuracy (tests/unit/test_moments.cpp, ≥ 10^5 arguments per function and type
-// against 400-bit MPFR of the same rounded input): see the table printed by
-// that test; the bound asserted there is 2 ulp in float and double.
+// Accuracy (tests/unit/test_moments.cpp, 220 172 arguments per function and type
+// against 400-bit MPFR of the same rounded input; glibc exp/expm1, x86-64):
+//            mu0   mu1   mu2   nu    kappa nu2
+//   double   0.81  1.16  1.20  0.75  0.81  0.74   max ulp (1e6 more, other seed: ≤ 1.27)
+//   float    0.50  0.50  0.50  0.50  0.50  0.50
+// The bound asserted there is 2 ulp in float and double.
 // Host/device: no tables, no statics, no exceptions (the coefficients are
 // literals inside switch statements), so every function compiles for CUDA.
 #pragma once
@@ -87,8 +97,15 @@ CONTINUUM_HOST_DEVICE inline int taylor_index(double b) {
 }
 
 CONTINUUM_HOST_DEVICE inline double mu0(double a) {
-  if (a == 0.0) return 1.0;
-  return math::expm1(a) / a;
+  const double b = -a;
+  if (b < 0.0) return math::expm1(a) / a;  // a > 0: SPEC §7.7 writes e^x μ0(y - x)
+  if (b < taylor_limit) {
+    const int k = taylor_index(b);
+    return taylor_mu0(k, a + double(k));
+  }
+  if (!(b < __builtin_huge_val())) return b == b ? 0.0 : a;
+  // (1 - e^{-b}) / b: the e^{-b} term is ≤ 5.6e-4 of the numerator.
+  return div_by_pow(fast_two_sum(1.0, -math::exp(a)), b, 1);
 }
 
 CONTINUUM_HOST_DEVICE inline double mu1(double a) {
@@ -164,7 +181,8 @@ CONTINUUM_HOST_DEVICE inline double nu2(double a) {
 
 /// μ0(a) = ∫_0^1 e^{au} du = expm1(a)/a (SPEC §5), the mass of a whole segment
 /// over e^{max}. \tparam T float or double (evaluated in double, rounded once).
-/// Domain a ≤ 0; μ0(±0) = 1 exactly, μ0(-∞) = 0, ~1/|a| as a → -∞; NaN → NaN.
+/// Domain a ≤ 0 (and any a > 0, as expm1(a)/a); μ0(±0) = 1 exactly,
+/// μ0(-∞) = 0, ~1/|a| as a → -∞; NaN → NaN.
 template <class T>
 CONTINUUM_HOST_DEVICE inline T mu0(T a) { return T(detail::mu0(double(a))); }
 
