@@ -77,7 +77,7 @@ inline void emulate_launch(index_t grid, int threads, std::size_t shared_bytes,
   emu::State& s = emu::state();
   s.threads = threads;
   s.grid = grid;
-  s.shared.assign(shared_bytes + 16, 0xFF);  // 0xFFFFFFFF is a NaN in float
+  s.shared.assign(shared_bytes, 0xFF);  // 0xFFFFFFFF is a NaN in float; exact size: ASan sees overruns
   emu::Barrier barrier(threads);
   s.barrier = &barrier;
   std::vector<std::thread> pool;
