@@ -1,7 +1,8 @@
 // tests/cuda/test_cuda_emulated.cpp — the CUDA backend's kernel bodies run on
-// the host (tests/cuda/emulate.hpp) against the double reference of
-// cases.hpp, with deliberately small and odd tile sizes so that every halo,
-// partial tile, grid-stride and GQA path is crossed. Compiled by the host
+// the host (tests/cuda/emulate.hpp) against the CPU backend in double
+// (runner.hpp; tolerances in cases.hpp), with deliberately small and odd tile
+// sizes so that every halo, partial tile, grid-stride and GQA path is
+// crossed, and with the GPU's own tiles. Compiled by the host
 // compiler: it runs on machines without a GPU, and it is what checks the
 // kernels' index arithmetic here (the GPU test, test_cuda_attention.cu, repeats
 // the same cases on a device).
@@ -148,14 +149,14 @@ void check_case(const Case& c, double tol, int bm, int bn, int threads) {
 
 }  // namespace
 
-TEST_CASE("emulated CUDA kernels equal the double reference (double storage)", "[cuda][emulated]") {
+TEST_CASE("emulated CUDA kernels equal the CPU backend (double storage, 1e-12)", "[cuda][emulated]") {
   for (const Case& c : cuda_test::standard_cases()) {
     check_case<double, ConvDouble>(c, 1e-12, 4, 3, 8);
     check_case<double, ConvDouble>(c, 1e-12, 5, 7, 16);
   }
 }
 
-TEST_CASE("emulated CUDA kernels: fp32 within 1e-5 of the double reference", "[cuda][emulated]") {
+TEST_CASE("emulated CUDA kernels: fp32 within the fp32 bound of the CPU backend in double", "[cuda][emulated]") {
   for (const Case& c : cuda_test::standard_cases()) check_case<float, ConvFloat>(c, 1e-5, 8, 8, 32);
 }
 
