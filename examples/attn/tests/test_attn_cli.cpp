@@ -322,7 +322,7 @@ bool no_outputs(const fs::path& dir) {
 
 // -------------------------------------------------------------------- tests
 
-TEST_CASE("--make-example inputs round trip: continuum, causal, tau 0.3, float64", "[cli]") {
+TEST_CASE("make-example inputs round trip: continuum, causal, tau 0.3, float64", "[cli]") {
   const fs::path dir = scratch("make-example");
   const Run mk = run_tool(dir, "--make-example \"" + (dir / "in").string() +
                                    "\" --example-shape 1 2 7 9 4 --seed 7");
