@@ -299,18 +299,21 @@ std::vector<std::string> compute(const Problem& p, const std::string& out_dir, i
     vis.range_lo = p.lo.data();
     vis.range_hi = p.hi.data();
   }
+  const auto set_common = [&](auto& args) {  // what forward and backward share
+    args.query = CView::bhsd(q.data(), dq.b, dq.h, dq.s, dq.d);
+    args.key = CView::bhsd(k.data(), dk.b, dk.h, dk.s, dk.d);
+    args.value = CView::bhsd(v.data(), dv.b, dv.h, dv.s, dv.d);
+    args.kernel = p.kernel;
+    args.temperature = temperature;
+    args.scale = p.scale;
+    args.visibility = vis;
+    args.num_threads = p.threads;
+  };
 
   continuum::ForwardArgs<T> fa;
-  fa.query = CView::bhsd(q.data(), dq.b, dq.h, dq.s, dq.d);
-  fa.key = CView::bhsd(k.data(), dk.b, dk.h, dk.s, dk.d);
-  fa.value = CView::bhsd(v.data(), dv.b, dv.h, dv.s, dv.d);
+  set_common(fa);
   fa.out = View::bhsd(out.data(), dout.b, dout.h, dout.s, dout.d);
   fa.lse = lse.data();
-  fa.kernel = p.kernel;
-  fa.temperature = temperature;
-  fa.scale = p.scale;
-  fa.visibility = vis;
-  fa.num_threads = p.threads;
   if (p.probs) {
     fa.probs = probs.data();
     fa.cell_mass = cell_mass.data();
@@ -325,9 +328,7 @@ std::vector<std::string> compute(const Problem& p, const std::string& out_dir, i
     gv.resize(v.size());
     gtau.resize(tau.size());
     continuum::BackwardArgs<T> ba;
-    ba.query = fa.query;
-    ba.key = fa.key;
-    ba.value = fa.value;
+    set_common(ba);
     ba.out = CView::bhsd(out.data(), dout.b, dout.h, dout.s, dout.d);
     ba.grad_out = CView::bhsd(g.data(), dout.b, dout.h, dout.s, dout.d);
     ba.lse = lse.data();
@@ -335,11 +336,6 @@ std::vector<std::string> compute(const Problem& p, const std::string& out_dir, i
     ba.grad_key = View::bhsd(gk.data(), dk.b, dk.h, dk.s, dk.d);
     ba.grad_value = View::bhsd(gv.data(), dv.b, dv.h, dv.s, dv.d);
     ba.grad_temperature = gtau.data();
-    ba.kernel = p.kernel;
-    ba.temperature = temperature;
-    ba.scale = p.scale;
-    ba.visibility = vis;
-    ba.num_threads = p.threads;
     continuum::attention_backward(continuum::cpu, ba);
   }
 
