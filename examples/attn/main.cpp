@@ -435,7 +435,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "continuum-attn: continuum / softmax / focal attention on .npy files (SPEC §4-§6).\n"
       "Writes o.npy and lse.npy, and with --do also dq.npy, dk.npy, dv.npy, dtemp.npy.\n"
-      "Any error: one line naming the file, exit status 1, no output file written."};
+      "Any error: one line naming the file, exit status 1 (2 for a bad option value),\n"
+      "and no output file written."};
   app.option_defaults()->always_capture_default();
   app.add_option("--q", o.q, "query .npy: [seq_q, dim] or [batch, heads, seq_q, dim]");
   app.add_option("--k", o.k, "key .npy: [seq_k, dim] or [batch, kv_heads, seq_k, dim]");
@@ -446,7 +447,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"continuum", "softmax", "focal"}));
   app.add_option("--temperature", o.temperature,
                  "tau > 0: a number, or a .npy with one value, [heads] or [batch, heads, seq_q]");
-  auto* scale = app.add_option("--scale", o.scale, "softmax scale (default 1/sqrt(head_dim))");
+  auto* scale = app.add_option("--scale", o.scale, "softmax scale; scores are scale/tau * q.k")
+                    ->default_str("1/sqrt(head_dim)");
   app.add_flag("--causal", o.causal, "causal, bottom-right aligned (SPEC §3)");
   app.add_option("--window", o.window, "sliding window of W keys counting the diagonal (0 = all)");
   app.add_option("--ranges", o.ranges, "lo.npy hi.npy: per-query visible keys [lo, hi), int, [batch, seq_q]")
