@@ -339,7 +339,7 @@ TEST_CASE("make-example inputs round trip: continuum, causal, tau 0.3, float64",
 
   const std::string in = (dir / "in").string();
   const Run r = run_tool(dir, "--q " + in + "/q.npy --k " + in + "/k.npy --v " + in +
-                                  "/v.npy --do " + in + "/do.npy --causal --temperature 0.3 --out \"" +
+                                  "/v.npy --do " + in + "/do.npy --causal --temperature 0.3 --probs --out \"" +
                                   (dir / "out").string() + "\"");
   INFO(r.err);
   REQUIRE(r.rc == 0);
@@ -365,6 +365,27 @@ TEST_CASE("make-example inputs round trip: continuum, causal, tau 0.3, float64",
   check_close("dk", dk.x, fd[1], 1e-8L);
   check_close("dv", dv.x, fd[2], 1e-8L);
   check_close("dtemp", dt.x, fd[3], 1e-8L);
+
+  // --probs: P (the weights on the values) and π (cell masses), [B, H, Lq, Lk].
+  const Npy P = read_npy(dir / "out/p.npy"), pi = read_npy(dir / "out/pi.npy");
+  REQUIRE(P.shape == std::vector<std::size_t>{1, 2, 7, 9});
+  REQUIRE(pi.shape == P.shape);
+  std::vector<ld> pv(o.x.size(), 0), ones(14, 1), psum(14, 0), pisum(14, 0);
+  for (std::size_t h = 0; h < 2; ++h)
+    for (std::size_t i = 0; i < 7; ++i)
+      for (std::size_t j = 0; j < 9; ++j) {
+        const std::size_t row = h * 7 + i, at = row * 9 + j;
+        if (j > i + 2) {  // causal, bottom-right: row i sees keys [0, i + Lk - Lq + 1)
+          CHECK(P.x[at] == 0);
+          CHECK(pi.x[at] == 0);
+        }
+        psum[row] += P.x[at];
+        pisum[row] += pi.x[at];
+        for (std::size_t d = 0; d < 4; ++d) pv[row * 4 + d] += P.x[at] * v.x[(h * 9 + j) * 4 + d];
+      }
+  check_close("P v", pv, want.o, 1e-14L);
+  check_close("rows of P", psum, ones, 1e-14L);
+  check_close("rows of pi", pisum, ones, 1e-14L);
 }
 
 TEST_CASE("float32 inputs, GQA, per-head temperature file, sliding window", "[cli]") {
