@@ -69,6 +69,7 @@ struct Array {
   }
   bool is_real() const { return dtype == DType::f32 || dtype == DType::f64; }
   std::string shape_str() const {
+    if (shape.size() > 6) return "(" + std::to_string(shape.size()) + "-D)";
     std::string s = "(";
     for (std::size_t i = 0; i < shape.size(); ++i)
       s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -115,6 +116,9 @@ inline Header parse_header(const std::string& bytes, const std::string& path) {
     throw NpyError(path, "unsupported .npy format version " + std::to_string(major) + "." +
                              std::to_string(minor) + " (1.0 and 2.0 are supported)");
   }
+  // NumPy's own reader refuses headers over 10000 bytes (np.load's max_header_size);
+  // the bound also keeps std::regex's recursion shallow.
+  if (len > 10000) throw NpyError(path, "header of " + std::to_string(len) + " bytes is too long");
   if (len > bytes.size() - off) throw NpyError(path, "truncated header");
   const std::string dict = bytes.substr(off, len);
   if (dict.empty() || dict.back() != '\n') throw NpyError(path, "malformed header (no newline)");

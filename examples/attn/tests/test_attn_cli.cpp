@@ -504,6 +504,7 @@ TEST_CASE("bad input: one line naming the file, non-zero exit, no output written
       {"trailing bytes", [&](const fs::path& d) { write_file(d / "q.npy", read_file(d / "q.npy") + "xx"); }, "", "q.npy"},
       {"negative shape", [&](const fs::path& d) { write_file(d / "q.npy", npy_raw("<f8", false, "(-3, 4)", std::string(96, '\0'))); }, "", "q.npy"},
       {"garbage shape", [&](const fs::path& d) { write_file(d / "q.npy", npy_raw("<f8", false, "(x, 4)", std::string(96, '\0'))); }, "", "q.npy"},
+      {"header over 10000 bytes", [&](const fs::path& d) { write_file(d / "q.npy", npy_raw("<f8", false, "(3, 4)", std::string(96, '\0'), 60032)); }, "", "q.npy"},
       {"big-endian", [&](const fs::path& d) { write_file(d / "k.npy", npy_raw(">f8", false, "(5, 4)", std::string(160, '\0'))); }, "", "k.npy"},
       {"integer query", [&](const fs::path& d) { write_file(d / "q.npy", npy_bytes<std::int64_t>(q, {3, 4})); }, "", "q.npy"},
       {"3-D query", [&](const fs::path& d) { write_file(d / "q.npy", npy_bytes<double>(q, {1, 3, 4})); }, "", "q.npy"},
