@@ -308,20 +308,25 @@ TEST_CASE("empty rows: zeros, -inf, no NaN, zero gradients", "[operator][smoke]"
   attention_forward(cpu, fz);
 }
 
-TEST_CASE("thread counts 1, 2, 3 are bitwise identical", "[operator][smoke]") {
+TEST_CASE("thread counts 1, 2, 3, 16 are bitwise identical", "[operator][smoke]") {
+  // B·Hk = 6 work items: 1–3 threads take the fused backward (one item per
+  // (batch, KV head)), 16 threads the split one (query blocks own dQ, key
+  // tiles own dK/dV); both must give the same bits.
   Problem p = make_problem(2, 3, 3, 257, 257, 16, 16, 21);
   p.vis.causal = true;
   std::mt19937_64 g(8);
   std::uniform_real_distribution<double> u(-1, 1);
   std::vector<double> dout(p.B * p.Hq * p.Lq * p.Dv);
   for (auto& x : dout) x = u(g);
-  std::vector<Run<float>> runs(3);
-  for (int t = 0; t < 3; ++t) {
+  std::vector<Run<float>> runs(4);
+  const int threads[4] = {1, 2, 3, 16};
+  for (int t = 0; t < 4; ++t) {
     auto ba = backward_args<float>(p, runs[t], dout);
-    ba.num_threads = t + 1;
+    ba.num_threads = threads[t];
     attention_backward(cpu, ba);
   }
-  for (int t = 1; t < 3; ++t) {
+  for (int t = 1; t < 4; ++t) {
+    INFO("threads " << threads[t]);
     CHECK(std::memcmp(runs[t].out.data(), runs[0].out.data(), runs[0].out.size() * 4) == 0);
     CHECK(std::memcmp(runs[t].dq.data(), runs[0].dq.data(), runs[0].dq.size() * 4) == 0);
     CHECK(std::memcmp(runs[t].dk.data(), runs[0].dk.data(), runs[0].dk.size() * 4) == 0);
@@ -376,7 +381,7 @@ TEST_CASE("extreme magnitudes: W12 tiny temperature, W13 huge q/k", "[operator][
     CHECK(std::abs(o[1] - 2.0f) < 1e-6f);
   }
   // W12: Lk = 5, scores O(10), tiny τ, float and double; backward finite.
-  for (double tau : {1e-3, 1e-6, 1e-30, 1e-38}) {
+  for (double tau : {1e-3, 1e-6, 1e-30, 1e-38, 1.4e-45}) {
     Problem p = make_problem(1, 1, 1, 3, 5, 2, 2, 77, 3.0);
     for (auto& t : p.tau) t = tau;
     std::vector<double> dout(p.Lq * p.Dv, 1.0);
@@ -394,6 +399,42 @@ TEST_CASE("extreme magnitudes: W12 tiny temperature, W13 huge q/k", "[operator][
     for (double x : rd.out) CHECK(std::isfinite(x));
     for (double x : rd.dq) CHECK(std::isfinite(x));
     for (double x : rd.dtau) CHECK(std::isfinite(x));
+    // τ → 0: the output tends to the value of the argmax key (SPEC §7.6).
+    if (tau <= 1e-30) {
+      for (index_t i = 0; i < p.Lq; ++i) {
+        index_t best = 0;
+        double bs = -INFINITY;
+        for (index_t j = 0; j < p.Lk; ++j) {
+          const double d = double(float(p.q[i * 2])) * double(float(p.k[j * 2])) +
+                           double(float(p.q[i * 2 + 1])) * double(float(p.k[j * 2 + 1]));
+          if (d > bs) { bs = d; best = j; }
+        }
+        for (index_t e = 0; e < 2; ++e) CHECK(r.out[i * 2 + e] == float(p.v[best * 2 + e]));
+      }
+    }
+  }
+  // Double storage with score gaps c·Δr that overflow double:
+  // every weight underflows; the output is the argmax value, gradients finite.
+  // (τ = 5e-309, subnormal: c = scale/τ ≈ 1.4e308 is still finite.)
+  {
+    Problem p = make_problem(1, 1, 1, 3, 5, 2, 2, 77, 3.0);
+    for (auto& t : p.tau) t = 5e-309;  // c = 1.4e308
+    std::vector<double> dout(p.Lq * p.Dv, 1.0);
+    Run<double> rd;
+    auto bd = backward_args<double>(p, rd, dout);
+    attention_backward(cpu, bd);
+    for (double x : rd.out) CHECK(std::isfinite(x));
+    for (double x : rd.lse) CHECK(!std::isnan(x));
+    for (double x : rd.dq) CHECK(std::isfinite(x));
+    for (double x : rd.dk) CHECK(std::isfinite(x));
+    for (double x : rd.dv) CHECK(std::isfinite(x));
+    for (double x : rd.dtau) CHECK(std::isfinite(x));
+    // P rows sum to 1, so Σ_j dV_j = Σ_i dO_i (= Lq here), also in the limit.
+    for (index_t e = 0; e < 2; ++e) {
+      double s = 0;
+      for (index_t j = 0; j < p.Lk; ++j) s += rd.dv[j * 2 + e];
+      CHECK(std::abs(s - 3.0) < 1e-12);
+    }
   }
 }
 
@@ -415,8 +456,8 @@ TEST_CASE("bad input throws std::invalid_argument naming the argument", "[operat
   { auto a = good; a.out.dim = 3; expect_throw(a, "out"); }
   { auto a = good; a.query.stride_dim = 2; expect_throw(a, "query"); }
   { auto a = good; a.temperature.shape = TemperatureShape::scalar; a.temperature.value = 0; expect_throw(a, "temperature"); }
-  { auto a = good; r.tau[7] = -1; expect_throw(a, "temperature[7]"); r.tau[7] = 1; }
-  { auto a = good; r.tau[3] = NAN; expect_throw(a, "temperature[3]"); r.tau[3] = 1; }
+  { auto a = good; r.tau[7] = -1; expect_throw(a, "temperature[0, 1, 2]"); r.tau[7] = 1; }
+  { auto a = good; r.tau[3] = NAN; expect_throw(a, "temperature[0, 0, 3]"); r.tau[3] = 1; }
   { auto a = good; a.scale = -1.0; expect_throw(a, "scale"); }
   { auto a = good; a.scale = INFINITY; expect_throw(a, "scale"); }
   { auto a = good; a.visibility.window = -1; expect_throw(a, "window"); }

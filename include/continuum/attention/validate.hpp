@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -27,6 +28,14 @@ inline std::string shape_str(index_t b, index_t h, index_t s, index_t d) {
 template <class T>
 std::string shape_str(const TensorView<T>& v) {
   return shape_str(v.batch, v.heads, v.seq, v.dim);
+}
+
+/// A number as the caller would write it (%.9g; "inf", "nan").
+inline std::string num(double x) {
+  std::ostringstream os;
+  os.precision(9);
+  os << x;
+  return os.str();
 }
 
 [[noreturn]] inline void fail(const char* fn, const std::string& what) {
@@ -103,21 +112,33 @@ void check_view(const char* fn, const char* name, const TensorView<T>& v, index_
 
 template <class T>
 void check_temperature(const char* fn, const Temperature<T>& t, const AttentionShape& s, double scale) {
-  auto check_one = [&](T tau, const std::string& where) {
-    if (!(tau > T(0)) || !std::isfinite(static_cast<double>(tau)))
-      fail(fn, "temperature" + where + ": must be finite and > 0, got " +
-                   std::to_string(static_cast<double>(tau)));
-    if (!std::isfinite(scale / static_cast<double>(tau)))
-      fail(fn, "temperature" + where + ": too small, scale/temperature = " + std::to_string(scale) +
-                   "/" + std::to_string(static_cast<double>(tau)) + " overflows");
+  // where < 0: the scalar; otherwise a flat index into the per-head or
+  // per-query array (the message is built only on failure).
+  auto check_one = [&](T tau, index_t where) {
+    const bool bad_value = !(tau > T(0)) || !std::isfinite(static_cast<double>(tau));
+    const bool overflow = !bad_value && !std::isfinite(scale / static_cast<double>(tau));
+    if (!bad_value && !overflow) return;
+    std::string name = "temperature";
+    if (where >= 0) {
+      if (t.shape == TemperatureShape::per_head) {
+        name += "[" + std::to_string(where) + "] (per_head, shape [Hq])";
+      } else {
+        const index_t i = where % s.len_q, bh = where / s.len_q;
+        name += "[" + std::to_string(bh / s.heads_q) + ", " + std::to_string(bh % s.heads_q) + ", " +
+                std::to_string(i) + "] (per_query, shape [B, Hq, Lq])";
+      }
+    }
+    if (bad_value) fail(fn, name + ": must be finite and > 0, got " + num(static_cast<double>(tau)));
+    fail(fn, name + ": too small, scale / temperature = " + num(scale) + " / " +
+                 num(static_cast<double>(tau)) + " overflows");
   };
   switch (t.shape) {
-    case TemperatureShape::scalar: check_one(t.value, ""); break;
+    case TemperatureShape::scalar: check_one(t.value, -1); break;
     case TemperatureShape::per_head: {
       if (t.data == nullptr && s.heads_q > 0)
         fail(fn, "temperature: per_head needs data of shape [Hq] = [" + std::to_string(s.heads_q) +
                      "], got null");
-      for (index_t h = 0; h < s.heads_q; ++h) check_one(t.data[h], "[" + std::to_string(h) + "]");
+      for (index_t h = 0; h < s.heads_q; ++h) check_one(t.data[h], h);
       break;
     }
     case TemperatureShape::per_query: {
@@ -126,7 +147,7 @@ void check_temperature(const char* fn, const Temperature<T>& t, const AttentionS
         fail(fn, "temperature: per_query needs data of shape [B, Hq, Lq] = [" +
                      std::to_string(s.batch) + ", " + std::to_string(s.heads_q) + ", " +
                      std::to_string(s.len_q) + "], got null");
-      for (index_t k = 0; k < n; ++k) check_one(t.data[k], "[" + std::to_string(k) + "] (flat)");
+      for (index_t k = 0; k < n; ++k) check_one(t.data[k], k);
       break;
     }
     default: fail(fn, "temperature: unknown shape");
@@ -139,7 +160,7 @@ inline double check_scale(const char* fn, const std::optional<double>& scale, in
     return 1.0 / std::sqrt(static_cast<double>(dim));
   }
   if (!(*scale > 0.0) || !std::isfinite(*scale))
-    fail(fn, "scale: must be finite and > 0, got " + std::to_string(*scale));
+    fail(fn, "scale: must be finite and > 0, got " + num(*scale));
   return *scale;
 }
 
