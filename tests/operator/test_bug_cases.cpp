@@ -722,7 +722,10 @@ TEST_CASE("W11 denormal-range scores: correct output, caller's FP mode kept", "[
 
 // ---------------------------------------------------------------------------
 TEMPLATE_TEST_CASE("W12 tiny temperature", "[bug][W12]", float, double) {
-  use_mp_precision();
+  // The reference's dS carries an absolute error ~ ε_mp · O(1) while dS ~ τ²
+  // (dα_max = (dP - Dl)/Z cancels to O(τ)), so it needs ε_mp ≪ τ²: at
+  // τ = 1e-38 that is > 253 bits; 640 bits keeps 60 digits.
+  mp::set_default_prec(640);
   // Lk = 5, D = 2, scores at τ = 1 of O(10) with gaps ≥ 1: s¹ = (3, -2, 10, 6, -8)
   // with the maximum inside the row (neighbour weight O(τ)).
   // Tolerance: as τ → 0 every weight is a rational function of the gaps
