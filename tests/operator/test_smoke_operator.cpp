@@ -308,20 +308,25 @@ TEST_CASE("empty rows: zeros, -inf, no NaN, zero gradients", "[operator][smoke]"
   attention_forward(cpu, fz);
 }
 
-TEST_CASE("thread counts 1, 2, 3 are bitwise identical", "[operator][smoke]") {
+TEST_CASE("thread counts 1, 2, 3, 16 are bitwise identical", "[operator][smoke]") {
+  // B·Hk = 6 work items: 1–3 threads take the fused backward (one item per
+  // (batch, KV head)), 16 threads the split one (query blocks own dQ, key
+  // tiles own dK/dV); both must give the same bits.
   Problem p = make_problem(2, 3, 3, 257, 257, 16, 16, 21);
   p.vis.causal = true;
   std::mt19937_64 g(8);
   std::uniform_real_distribution<double> u(-1, 1);
   std::vector<double> dout(p.B * p.Hq * p.Lq * p.Dv);
   for (auto& x : dout) x = u(g);
-  std::vector<Run<float>> runs(3);
-  for (int t = 0; t < 3; ++t) {
+  std::vector<Run<float>> runs(4);
+  const int threads[4] = {1, 2, 3, 16};
+  for (int t = 0; t < 4; ++t) {
     auto ba = backward_args<float>(p, runs[t], dout);
-    ba.num_threads = t + 1;
+    ba.num_threads = threads[t];
     attention_backward(cpu, ba);
   }
-  for (int t = 1; t < 3; ++t) {
+  for (int t = 1; t < 4; ++t) {
+    INFO("threads " << threads[t]);
     CHECK(std::memcmp(runs[t].out.data(), runs[0].out.data(), runs[0].out.size() * 4) == 0);
     CHECK(std::memcmp(runs[t].dq.data(), runs[0].dq.data(), runs[0].dq.size() * 4) == 0);
     CHECK(std::memcmp(runs[t].dk.data(), runs[0].dk.data(), runs[0].dk.size() * 4) == 0);

@@ -16,6 +16,9 @@
 //    read it).
 #pragma once
 
+#include <cstdint>
+
+#include "../attention/params.hpp"
 #include "../config.hpp"
 #include "../math/density.hpp"
 
@@ -91,6 +94,164 @@ struct FlushedStencil {
     return d;
   }
 };
+
+/// The stencil evaluated segment by segment (SPEC §4–§6), for the tiled
+/// backends: each segment between two visible neighbours is evaluated once
+/// and shared by its two knots, instead of once from each side.
+/// Segment t joins knot t (shifted score x) and knot t+1 (score y); with
+/// e = e^{max(x,y)}, a = −|x − y| (SPEC §5):
+///   to_left  = w(x, y)          to_right = w(y, x)        (forward weights)
+///   d_left   = ∂w(x, y)/∂x      d_right  = ∂w(y, x)/∂y    (own-score derivatives)
+///   coupling = ∂w(x, y)/∂y = ∂w(y, x)/∂x = e·κ(a)         (cross derivative)
+/// and w = ∂w/∂x + ∂w/∂y (SPEC §7.7) gives to_left = d_left + coupling,
+/// to_right = d_right + coupling: the backward needs three moments (ν2, μ2, κ)
+/// and one exp per segment for α, ∂α/∂s and the couplings together.
+/// A segment whose larger score is below the flush threshold contributes 0
+/// (each of its terms is ≤ e^{max}, see flush_threshold); -∞ scores are
+/// handled the same way; NaN gives NaN. A visible key with no visible
+/// neighbour on a side has a flat half-cell there: e^{s}/2, its own
+/// derivative, no coupling.
+template <class Stencil>
+struct SegmentStencil;
+
+template <>
+struct SegmentStencil<ContinuumStencil> {
+  static constexpr bool has_halo = true;
+  CONTINUUM_HOST_DEVICE static double half_cell(double s) {
+    return s < flush_threshold<double>::value ? 0.0 : 0.5 * math::exp(s);
+  }
+  CONTINUUM_HOST_DEVICE static void weights(double x, double y, double* to_left, double* to_right) {
+    if (x != x || y != y) {
+      *to_left = *to_right = x + y;
+      return;
+    }
+    const double m = math::max(x, y);
+    if (m < flush_threshold<double>::value) {
+      *to_left = *to_right = 0.0;
+      return;
+    }
+    const double e = math::exp(m), a = -math::abs(x - y);
+    const double near = e * nu(a), far = e * mu1(a);
+    *to_left = x >= y ? near : far;
+    *to_right = x >= y ? far : near;
+  }
+  CONTINUUM_HOST_DEVICE static void derivatives(double x, double y, double* d_left, double* d_right,
+                                                double* coupling) {
+    if (x != x || y != y) {
+      *d_left = *d_right = *coupling = x + y;
+      return;
+    }
+    const double m = math::max(x, y);
+    if (m < flush_threshold<double>::value) {
+      *d_left = *d_right = *coupling = 0.0;
+      return;
+    }
+    const double e = math::exp(m), a = -math::abs(x - y);
+    const double near = e * nu2(a), far = e * mu2(a);
+    *d_left = x >= y ? near : far;
+    *d_right = x >= y ? far : near;
+    *coupling = e * kappa(a);
+  }
+};
+
+/// Softmax (and focal): α_j = e^{s_j}; no segments.
+template <>
+struct SegmentStencil<SoftmaxStencil> {
+  static constexpr bool has_halo = false;
+  CONTINUUM_HOST_DEVICE static double weight(double s) {
+    return s < flush_threshold<double>::value ? 0.0 : math::exp(s);
+  }
+};
+
+/// Per-row stencil over the keys [ja, jb) of one tile, in segment form.
+/// sc(j) returns the shifted score of visible key j (called for j in
+/// [ja − 1, jb] ∩ [lo, hi)). Writes alpha[j − ja] = α̃_j when alpha is not null
+/// and, when g is not null, ds[j − ja] = Z̃·dS_j = Σ_k g_k ∂α̃_k/∂s_j with
+/// g(j) = dP_j − Dl (SPEC §6).
+template <class Stencil, class Score, class Grad>
+CONTINUUM_HOST_DEVICE inline void row_stencil(index_t lo, index_t hi, index_t ja, index_t jb, Score sc,
+                                              double* alpha, Grad g, double* ds) {
+  using S = SegmentStencil<Stencil>;
+  if constexpr (!S::has_halo) {
+    for (index_t j = ja; j < jb; ++j) {
+      const double w = S::weight(sc(j));
+      if (alpha) alpha[j - ja] = w;
+      if (ds) ds[j - ja] = w == 0.0 ? 0.0 : g(j) * w;
+    }
+  } else {
+    // Carried from segment (j−1, j): knot j's own derivative and the coupling.
+    double s = sc(ja);
+    double carry_d = 0.0, carry_c = 0.0, carry_w = 0.0;
+    bool has_left = ja - 1 >= lo;
+    if (has_left) {
+      const double l = sc(ja - 1);
+      if (ds) {
+        double dl, dr, cp;
+        S::derivatives(l, s, &dl, &dr, &cp);
+        carry_d = dr;
+        carry_c = cp;
+        carry_w = dr + cp;
+      } else {
+        double wl, wr;
+        S::weights(l, s, &wl, &wr);
+        carry_w = wr;
+      }
+    }
+    double g_left = (ds && has_left) ? g(ja - 1) : 0.0;
+    double g_here = ds ? g(ja) : 0.0;
+    for (index_t j = ja; j < jb; ++j) {
+      const bool has_right = j + 1 < hi;
+      const double r = has_right ? sc(j + 1) : 0.0;
+      double w_left, w_right, d_left, d_right, c_left = carry_c, c_right = 0.0;
+      double next_d = 0.0, next_c = 0.0, next_w = 0.0;
+      if (has_left) {
+        w_left = carry_w;
+        d_left = carry_d;
+      } else {
+        w_left = d_left = S::half_cell(s);
+      }
+      if (has_right) {
+        if (ds) {
+          double dl, dr, cp;
+          S::derivatives(s, r, &dl, &dr, &cp);
+          d_right = dl;
+          c_right = cp;
+          w_right = dl + cp;
+          next_d = dr;
+          next_c = cp;
+          next_w = dr + cp;
+        } else {
+          double wl, wr;
+          S::weights(s, r, &wl, &wr);
+          w_right = wl;
+          d_right = 0.0;
+          next_w = wr;
+        }
+      } else {
+        w_right = d_right = S::half_cell(s);
+      }
+      if (alpha) alpha[j - ja] = w_left + w_right;
+      const double g_right = (ds && has_right) ? g(j + 1) : 0.0;
+      if (ds) {
+        double d = 0.0;
+        const double own = d_left + d_right;
+        if (own != 0.0) d = g_here * own;
+        if (has_left && c_left != 0.0) d += g_left * c_left;
+        if (has_right && c_right != 0.0) d += g_right * c_right;
+        ds[j - ja] = d;
+      }
+      // advance
+      has_left = true;
+      carry_w = next_w;
+      carry_d = next_d;
+      carry_c = next_c;
+      g_left = g_here;
+      g_here = g_right;
+      s = r;
+      if (!has_right) break;
+    }
+  }
+}
 
 /// Online row state: running raw maximum m and Σ α̃ relative to e^{c·m}.
 template <class C>

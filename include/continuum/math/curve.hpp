@@ -21,7 +21,7 @@
 namespace continuum {
 namespace detail {
 
-inline constexpr double neg_inf = -__builtin_huge_val();
+inline constexpr double curve_neg_inf = -__builtin_huge_val();
 
 /// The -∞ / NaN prologue shared by the segment functions: true (and *out set)
 /// when a NaN must propagate or when the larger score is -∞ (all exp() are 0).
@@ -30,7 +30,7 @@ CONTINUUM_HOST_DEVICE inline bool segment_special(double x, double y, double* ou
     *out = x + y;  // NaN
     return true;
   }
-  if (math::max(x, y) == neg_inf) {
+  if (math::max(x, y) == curve_neg_inf) {
     *out = 0.0;
     return true;
   }
@@ -64,7 +64,7 @@ CONTINUUM_HOST_DEVICE inline double half_segment_mass(double x, double y) {
   double special;
   if (segment_special(x, y, &special)) return special;
   const double h = -0.5 * math::abs(x - y);
-  if (h == neg_inf) return 0.0;  // one end -∞: e^{score} is 0 on the whole half
+  if (h == curve_neg_inf) return 0.0;  // one end -∞: e^{score} is 0 on the whole half
   const double mass = 0.5 * mu0(h);
   if (x >= y) return math::exp(x) * mass;
   // x < y: e^{max} e^{-δ/2} = e^{(x+y)/2}, one exp of the exactly known midpoint

@@ -38,7 +38,6 @@ template <class T, class Stencil>
 void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, double scale,
                           index_t b, index_t hq, index_t qb, RowStats& rs, bool want_dq,
                           Workspace& ws) {
-  using F = detail::FlushedStencil<Stencil, double>;
   const index_t Lq = sh.len_q, Lk = sh.len_k, D = sh.dim, Dv = sh.dim_v;
   const index_t hk = hq / sh.group();
   const index_t i0 = qb * block_q;
@@ -80,6 +79,7 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
     Workspace::fit(ws.kt, maxc * D);
     Workspace::fit(ws.s, nq * maxc);
     Workspace::fit(ws.w, block_k);
+    Workspace::fit(ws.ds, block_k);
     const index_t kfirst = (klo / block_k) * block_k;
     // Sweep 1: row statistics, the forward's online code.
     for (index_t k0 = kfirst; k0 < khi; k0 += block_k) {
@@ -121,17 +121,15 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
           const double* pr = ws.dp.data() + r * nc;
           const double m = st[r].m, cr = c[r], inv = 1.0 / st[r].sum, dlr = dl[r];
           double* dqr = dq + r * D;
+          double* dsr = ws.ds.data();
+          detail::row_stencil<Stencil>(
+              lo, hi, ja, jb, [&](index_t j) { return detail::shifted_score(cr, sr[j - c0], m); },
+              nullptr, [&](index_t j) { return pr[j - c0] - dlr; }, dsr);
           for (index_t j = ja; j < jb; ++j) {
-            const bool hl = j - 1 >= lo, hr = j + 1 < hi;
-            const index_t x = j - c0;
-            const double s = detail::shifted_score(cr, sr[x], m);
-            const double l = hl ? detail::shifted_score(cr, sr[x - 1], m) : 0.0;
-            const double rt = hr ? detail::shifted_score(cr, sr[x + 1], m) : 0.0;
-            const double gl = hl ? pr[x - 1] - dlr : 0.0;
-            const double gr = hr ? pr[x + 1] - dlr : 0.0;
-            const double ds = F::grad_score(l, s, rt, hl, hr, gl, pr[x] - dlr, gr) * inv;
+            const double ds = dsr[j - ja] * inv;
             if (ds == 0.0) continue;
-            axpy(dqr, ds, ws.kd.data() + x * D, D);
+            axpy(dqr, ds, ws.kd.data() + (j - c0) * D, D);
+            const double s = detail::shifted_score(cr, sr[j - c0], m);
             if (s > -__builtin_huge_val()) dtau[r] += ds * s;
           }
         }
@@ -153,7 +151,7 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
         if (raw_dot(a.query.row(b, hq, i), a.key.row(b, hk, j), D) == st[r].m) n += 1.0;
       rs.ties[row_id] = n;
     }
-    if (a.grad_query.data) {
+    if (a.grad_query.data && want_dq) {
       T* g = a.grad_query.row(b, hq, i);
       const double* dqr = dq + r * D;
       for (index_t e = 0; e < D; ++e) g[e] = static_cast<T>(c[r] * dqr[e]);
@@ -161,10 +159,15 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
   }
 }
 
+/// dK, dV of key tile kb of (b, hk). With dq_acc / dtau_acc (the fused
+/// scheme: one work item owns all of (b, hk)), it also accumulates Σ_j dS_ij k_j
+/// into dq_acc[(g·Lq + i)·D + ·] and Σ_j dS_ij s̃_ij into dtau_acc[g·Lq + i], in
+/// exactly the order of backward_query_block's sweep 2 (key tiles ascending,
+/// keys ascending), so both schemes give the same bits.
 template <class T, class Stencil>
 void backward_key_block(const BackwardArgs<T>& a, const AttentionShape& sh, double scale, index_t b,
-                        index_t hk, index_t kb, const RowStats& rs, Workspace& ws) {
-  using F = detail::FlushedStencil<Stencil, double>;
+                        index_t hk, index_t kb, const RowStats& rs, Workspace& ws,
+                        double* dq_acc = nullptr, double* dtau_acc = nullptr) {
   const index_t Lq = sh.len_q, Lk = sh.len_k, D = sh.dim, Dv = sh.dim_v;
   const index_t group = sh.group();
   const index_t k0 = kb * block_k;
@@ -183,12 +186,18 @@ void backward_key_block(const BackwardArgs<T>& a, const AttentionShape& sh, doub
   Workspace::fit(ws.dod, block_q * Dv);
   Workspace::fit(ws.s, block_q * maxc);
   Workspace::fit(ws.dp, block_q * maxc);
+  Workspace::fit(ws.w, block_k);
+  Workspace::fit(ws.ds, block_k);
   double* dv = ws.acc.data();
   double* dk = ws.dacc.data();
   for (index_t e = 0; e < nk * Dv; ++e) dv[e] = 0.0;
   for (index_t e = 0; e < nk * D; ++e) dk[e] = 0.0;
   load_rows_transposed(a.key, b, hk, c0, nc, ws.kt.data());
   load_rows_transposed(a.value, b, hk, c0, nc, ws.vt.data());
+  if (dq_acc) {
+    Workspace::fit(ws.kd, maxc * D);
+    load_rows(a.key, b, hk, c0, nc, ws.kd.data());
+  }
 
   const index_t nqb = (Lq + block_q - 1) / block_q;
   for (index_t g = 0; g < group; ++g) {
@@ -228,18 +237,23 @@ void backward_key_block(const BackwardArgs<T>& a, const AttentionShape& sh, doub
         const double cr = scale / temperature_of(a.temperature, b, hq, i, sh.heads_q, Lq);
         const double* pr = ws.dp.data() + r * nc;
         const double* qr = ws.qd.data() + r * D;
+        double* wr = ws.w.data();
+        double* dsr = ws.ds.data();
+        detail::row_stencil<Stencil>(
+            lo, hi, ja, jb, [&](index_t j) { return detail::shifted_score(cr, sr[j - c0], m); }, wr,
+            [&](index_t j) { return pr[j - c0] - dlr; }, dsr);
+        double* dqr = dq_acc ? dq_acc + (g * Lq + i) * D : nullptr;
         for (index_t j = ja; j < jb; ++j) {
-          const bool hl = j - 1 >= lo, hr = j + 1 < hi;
-          const index_t x = j - c0;
-          const double s = detail::shifted_score(cr, sr[x], m);
-          const double l = hl ? detail::shifted_score(cr, sr[x - 1], m) : 0.0;
-          const double rt = hr ? detail::shifted_score(cr, sr[x + 1], m) : 0.0;
-          const double p = F::weight(l, s, rt, hl, hr) * inv;
+          const double p = wr[j - ja] * inv;
           if (p != 0.0) axpy(dv + (j - k0) * Dv, p, gr_o, Dv);
-          const double gl = hl ? pr[x - 1] - dlr : 0.0;
-          const double gr = hr ? pr[x + 1] - dlr : 0.0;
-          const double ds = F::grad_score(l, s, rt, hl, hr, gl, pr[x] - dlr, gr) * inv;
-          if (ds != 0.0) axpy(dk + (j - k0) * D, cr * ds, qr, D);
+          const double ds = dsr[j - ja] * inv;
+          if (ds == 0.0) continue;
+          axpy(dk + (j - k0) * D, cr * ds, qr, D);
+          if (dqr) {
+            axpy(dqr, ds, ws.kd.data() + (j - c0) * D, D);
+            const double s = detail::shifted_score(cr, sr[j - c0], m);
+            if (s > -__builtin_huge_val()) dtau_acc[g * Lq + i] += ds * s;
+          }
         }
       }
     }
@@ -268,24 +282,56 @@ void backward(const BackwardArgs<T>& a, const AttentionShape& sh, double scale) 
   const double work = static_cast<double>(rows) * static_cast<double>(sh.len_k);
   const bool want_dq = a.grad_query.data != nullptr || a.grad_temperature != nullptr;
 
+  const bool want_dkv = a.grad_key.data != nullptr || a.grad_value.data != nullptr;
+  // Fused scheme: one work item per (batch, KV head) computes dK, dV and dQ
+  // in one sweep (no second pass over the scores for dQ). It needs enough
+  // items to keep the threads busy; otherwise pass A also sweeps for dQ and
+  // pass B runs per key tile. Both schemes add the same terms in the same
+  // order, so the choice (which depends on the thread count) never changes
+  // a bit of the result.
+  const index_t items_kv = sh.batch * sh.heads_kv;
+  const bool fused = want_dq && want_dkv && items_kv >= 2 * effective_threads(a.num_threads, work);
+
   const index_t nqb = (sh.len_q + block_q - 1) / block_q;
   parallel_for<Workspace>(sh.batch * sh.heads_q * nqb, a.num_threads, work,
                           [&](index_t item, Workspace& ws) {
                             const index_t qb = item % nqb;
                             const index_t bh = item / nqb;
                             backward_query_block<T, Stencil>(a, sh, scale, bh / sh.heads_q,
-                                                             bh % sh.heads_q, qb, rs, want_dq, ws);
+                                                             bh % sh.heads_q, qb, rs,
+                                                             want_dq && !fused, ws);
                           });
 
-  if (a.grad_key.data || a.grad_value.data) {
-    const index_t nkb = (sh.len_k + block_k - 1) / block_k;
-    parallel_for<Workspace>(sh.batch * sh.heads_kv * nkb, a.num_threads, work,
-                            [&](index_t item, Workspace& ws) {
-                              const index_t kb = item % nkb;
-                              const index_t bh = item / nkb;
-                              backward_key_block<T, Stencil>(a, sh, scale, bh / sh.heads_kv,
-                                                             bh % sh.heads_kv, kb, rs, ws);
-                            });
+  const index_t nkb = (sh.len_k + block_k - 1) / block_k;
+  if (fused) {
+    const index_t group = sh.group(), Lq = sh.len_q, D = sh.dim;
+    parallel_for<Workspace>(items_kv, a.num_threads, work, [&](index_t item, Workspace& ws) {
+      const index_t b = item / sh.heads_kv, hk = item % sh.heads_kv;
+      std::vector<double> dq(static_cast<std::size_t>(group * Lq * D), 0.0);
+      std::vector<double> dtau(static_cast<std::size_t>(group * Lq), 0.0);
+      for (index_t kb = 0; kb < nkb; ++kb)
+        backward_key_block<T, Stencil>(a, sh, scale, b, hk, kb, rs, ws, dq.data(), dtau.data());
+      for (index_t g = 0; g < group; ++g) {
+        const index_t hq = hk * group + g;
+        for (index_t i = 0; i < Lq; ++i) {
+          const index_t row_id = (b * sh.heads_q + hq) * Lq + i;
+          const double c = scale / temperature_of(a.temperature, b, hq, i, sh.heads_q, Lq);
+          const double tau = temperature_of(a.temperature, b, hq, i, sh.heads_q, Lq);
+          rs.dtau[row_id] = -dtau[g * Lq + i] / tau;
+          if (a.grad_query.data) {
+            T* out = a.grad_query.row(b, hq, i);
+            const double* src = dq.data() + (g * Lq + i) * D;
+            for (index_t e = 0; e < D; ++e) out[e] = static_cast<T>(c * src[e]);
+          }
+        }
+      }
+    });
+  } else if (want_dkv) {
+    parallel_for<Workspace>(items_kv * nkb, a.num_threads, work, [&](index_t item, Workspace& ws) {
+      const index_t kb = item % nkb;
+      const index_t bh = item / nkb;
+      backward_key_block<T, Stencil>(a, sh, scale, bh / sh.heads_kv, bh % sh.heads_kv, kb, rs, ws);
+    });
   }
 
   // dτ in the temperature's shape, summed in a fixed order (SPEC §8).

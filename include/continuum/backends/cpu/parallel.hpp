@@ -20,6 +20,19 @@ namespace cpu_detail {
 /// Below this many score evaluations (rows × keys) a call runs serially.
 inline constexpr double parallel_min_work = 32768.0;
 
+/// The number of threads parallel_for would use for this much work (1 when
+/// it would run serially).
+inline int effective_threads(int num_threads, double work) {
+#if defined(_OPENMP)
+  const int nt = num_threads > 0 ? num_threads : omp_get_max_threads();
+  if (nt > 1 && work >= parallel_min_work && !omp_in_parallel()) return nt;
+#else
+  (void)num_threads;
+  (void)work;
+#endif
+  return 1;
+}
+
 /// Runs body(item, workspace) for item in [0, n). Each thread owns one
 /// default-constructed Workspace for the whole call.
 template <class Workspace, class Body>

@@ -29,7 +29,7 @@ inline constexpr index_t block_k = 64;
 
 /// Per-thread scratch (O(tile) memory; nothing of size Lq × Lk).
 struct Workspace {
-  std::vector<double> qd, dod, kt, kd, vd, vt, s, dp, acc, dacc, w;
+  std::vector<double> qd, dod, kt, kd, vd, vt, s, dp, acc, dacc, w, ds;
   static void fit(std::vector<double>& v, index_t n) {
     if (static_cast<index_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
   }
@@ -110,7 +110,6 @@ template <class Stencil>
 inline double row_tile_update(const double* srow, index_t c0, index_t lo, index_t hi, index_t ja,
                               index_t jb, index_t ca, index_t cb, double c,
                               detail::OnlineRow<double>& st, double* w) {
-  using F = detail::FlushedStencil<Stencil, double>;
   double tmax = -__builtin_huge_val();
   for (index_t j = ca; j < cb; ++j) {
     const double x = srow[j - c0];
@@ -118,15 +117,11 @@ inline double row_tile_update(const double* srow, index_t c0, index_t lo, index_
   }
   const double f = st.raise(tmax, c);
   const double m = st.m;
-  for (index_t j = ja; j < jb; ++j) {
-    const bool hl = j - 1 >= lo, hr = j + 1 < hi;
-    const double s = detail::shifted_score(c, srow[j - c0], m);
-    const double l = hl ? detail::shifted_score(c, srow[j - 1 - c0], m) : 0.0;
-    const double r = hr ? detail::shifted_score(c, srow[j + 1 - c0], m) : 0.0;
-    const double a = F::weight(l, s, r, hl, hr);
-    w[j - ja] = a;
-    if (a != 0.0) st.sum += a;
-  }
+  detail::row_stencil<Stencil>(
+      lo, hi, ja, jb, [&](index_t j) { return detail::shifted_score(c, srow[j - c0], m); }, w,
+      [](index_t) { return 0.0; }, nullptr);
+  for (index_t j = ja; j < jb; ++j)
+    if (w[j - ja] != 0.0) st.sum += w[j - ja];
   return f;
 }
 
