@@ -198,3 +198,43 @@ TEMPLATE_TEST_CASE("forward through BSHD strided views with padded rows", "[oper
   c.fill_uniform(rng);
   check_forward<mp>(c, "bshd padded");
 }
+
+TEMPLATE_TEST_CASE("forward across key and query tiles with explicit ranges", "[operator][forward][tiles]", float,
+                   double) {
+  // Lk beyond one key tile (the operator tiles keys by 64 with a one-column
+  // halo, queries by 16): random ranges that start and end on both sides of
+  // tile boundaries, windows, GQA, per-query τ. long double reference (the
+  // shapes are too large for mpreal to be quick; it agrees with the 256-bit
+  // reference to 1e-16, test_reference_quadrature).
+  const auto shape = GENERATE(std::make_pair(33, 130), std::make_pair(17, 200), std::make_pair(70, 65));
+  const int mode = GENERATE(0, 1, 2);  // 0: explicit ranges, 1: causal W=70, 2: causal + ranges
+  Case<TestType> c;
+  c.B = 2;
+  c.Hq = 2;
+  c.Hk = 1;
+  c.Lq = shape.first;
+  c.Lk = shape.second;
+  c.D = 9;
+  c.Dv = 4;
+  c.tshape = continuum::TemperatureShape::per_query;
+  auto rng = rng_for(static_cast<std::uint64_t>(shape.first * 1000 + shape.second * 7 + mode));
+  if (mode != 1) {
+    for (index_t b = 0; b < c.B; ++b)
+      for (index_t i = 0; i < c.Lq; ++i) {
+        const index_t lo = static_cast<index_t>(rng() % static_cast<unsigned>(c.Lk));
+        const index_t hi = lo + static_cast<index_t>(rng() % static_cast<unsigned>(c.Lk - lo + 1));
+        c.range_lo.push_back(lo);
+        c.range_hi.push_back(hi);
+      }
+  }
+  if (mode >= 1) {
+    c.vis.causal = true;
+    c.vis.window = mode == 1 ? 70 : 0;
+  }
+  c.want_maps = true;
+  c.alloc();
+  c.fill_uniform(rng, -1.5, 1.5);
+  std::uniform_real_distribution<double> ut(0.3, 2.0);
+  for (auto& t : c.taus) t = static_cast<TestType>(ut(rng));
+  check_forward<long double>(c, "tiles");
+}
