@@ -438,3 +438,52 @@ TEST_CASE("SPEC 7.10 calling from inside the caller's own omp parallel region", 
     CHECK(bitwise_equal(cases[static_cast<std::size_t>(t)].dv.buf, serial[static_cast<std::size_t>(t)].dv.buf));
   }
 }
+
+// Random configurations -------------------------------------------------------
+TEMPLATE_TEST_CASE("random configurations: forward and backward equal the reference", "[property][fuzz]", float,
+                   double) {
+  // Each seed draws a whole configuration: sizes (Lq, Lk across the 16/64
+  // tile sizes, 0 included), GQA ratio, D ≠ Dv, BHSD/BSHD with padding,
+  // visibility (full / causal / window / explicit ranges), kernel, the
+  // temperature's shape and values, thread count. long double reference;
+  // tolerances as in the operator tests (harness.hpp).
+  const int seed = GENERATE(take(100, random(0, 1000000000)));
+  auto rng = rng_for(static_cast<std::uint64_t>(seed));
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  Case<TestType> c;
+  c.B = 1 + pick(2);
+  c.Hk = 1 + pick(2);
+  c.Hq = c.Hk * (1 + pick(3));
+  const int lens[] = {0, 1, 2, 5, 15, 16, 17, 63, 65, 100};
+  c.Lq = lens[pick(10)];
+  c.Lk = lens[pick(10)];
+  c.D = 1 + pick(20);
+  c.Dv = 1 + pick(9);
+  c.bshd = pick(2) == 1;
+  c.pad = pick(3);
+  const int vis = pick(4);
+  c.vis.causal = vis == 1 || vis == 2;
+  c.vis.window = vis == 2 ? 1 + pick(8) : 0;
+  if (vis == 3)
+    for (index_t b = 0; b < c.B; ++b)
+      for (index_t i = 0; i < c.Lq; ++i) {
+        const index_t lo = c.Lk ? pick(static_cast<int>(c.Lk) + 1) : 0;
+        c.range_lo.push_back(lo);
+        c.range_hi.push_back(lo + pick(static_cast<int>(c.Lk - lo) + 1));
+      }
+  c.kernel = pick(4) == 0 ? continuum::Kernel::softmax : continuum::Kernel::continuum;
+  c.tshape = static_cast<TemperatureShape>(pick(3));
+  c.threads = pick(4);
+  c.want_maps = true;
+  c.alloc();
+  c.fill_uniform(rng, -1.5, 1.5);
+  std::uniform_real_distribution<double> ut(0.2, 2.0);
+  c.tau = static_cast<TestType>(ut(rng));
+  for (auto& t : c.taus) t = static_cast<TestType>(ut(rng));
+  INFO("seed " << seed << " B=" << c.B << " Hq=" << c.Hq << " Hk=" << c.Hk << " Lq=" << c.Lq << " Lk=" << c.Lk
+               << " D=" << c.D << " Dv=" << c.Dv << " bshd=" << c.bshd << " pad=" << c.pad << " vis=" << vis
+               << " kernel=" << static_cast<int>(c.kernel) << " tshape=" << static_cast<int>(c.tshape)
+               << " threads=" << c.threads);
+  check_forward<long double>(c, "fuzz");
+  check_backward<long double>(c, "fuzz");
+}
