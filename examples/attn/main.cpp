@@ -463,7 +463,16 @@ int main(int argc, char** argv) {
       ->expected(5);
   app.add_option("--example-dtype", example_dtype, "float32 | float64 for --make-example");
   app.add_option("--seed", seed, "random seed for --make-example");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {  // one line, status 2, as documented
+    std::fprintf(stderr, "continuum-attn: error: %s (see --help)\n", e.what());
+    return 2;
+  }
   o.scale_given = scale->count() > 0;
 
   try {
