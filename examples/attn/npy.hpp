@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <regex>
@@ -259,6 +260,13 @@ class AtomicWriter {
   }
   /// Renames every temporary into place.
   void commit() {
+    // A rename can still fail half-way (e.g. a folder already holds that
+    // name); check every target first so that no file is renamed then.
+    for (auto& t : temps_) {
+      std::error_code ec;
+      if (std::filesystem::is_directory(t.second, ec))
+        throw NpyError(t.second, "cannot replace: a folder has this name");
+    }
     for (auto& t : temps_)
       if (std::rename(t.first.c_str(), t.second.c_str()) != 0)
         throw NpyError(t.second, std::string("cannot rename into place: ") + std::strerror(errno));
