@@ -549,3 +549,26 @@ TEST_CASE("bad input: one line naming the file, non-zero exit, no output written
     }
   }
 }
+
+TEST_CASE("bad command line: one line, status 2; a folder in the way: nothing renamed", "[cli]") {
+  const fs::path dir = scratch("usage");
+  const std::string d = dir.string();
+  const Run mk = run_tool(dir, "--make-example " + d + " --example-shape 1 1 3 3 2");
+  REQUIRE(mk.rc == 0);
+  const std::string inputs =
+      "--q " + d + "/q.npy --k " + d + "/k.npy --v " + d + "/v.npy --do " + d + "/do.npy ";
+  const std::vector<std::string> usage{"--window 1.5", "--kernel foo", "--ranges " + d + "/q.npy", "--bogus"};
+  for (const std::string& bad : usage) {
+    const Run r = run_tool(dir, inputs + bad + " --out " + d + "/out");
+    INFO(bad << " stderr: " << r.err);
+    CHECK(r.rc == 2);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  }
+  // dv.npy is a folder: the rename of dv.npy would fail after o, lse, dq, dk.
+  fs::create_directories(dir / "out2/dv.npy");
+  const Run r = run_tool(dir, inputs + "--out " + d + "/out2");
+  INFO("stderr: " << r.err);
+  CHECK(r.rc == 1);
+  CHECK(r.err.find("dv.npy") != std::string::npos);
+  CHECK(std::distance(fs::directory_iterator(dir / "out2"), fs::directory_iterator{}) == 1);
+}
