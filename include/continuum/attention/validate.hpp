@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -85,6 +86,23 @@ void check_view(const char* fn, const char* name, const TensorView<T>& v, index_
   if (v.stride_batch < 0 || v.stride_head < 0 || v.stride_seq < 0)
     fail(fn, std::string(name) + ": strides must be >= 0, got (" + std::to_string(v.stride_batch) +
                  ", " + std::to_string(v.stride_head) + ", " + std::to_string(v.stride_seq) + ", 1)");
+  {  // every offset and the element count must fit in index_t (no wrap-around)
+    constexpr index_t big = std::numeric_limits<index_t>::max();
+    const index_t n[4] = {v.batch, v.heads, v.seq, v.dim};
+    const index_t st[4] = {v.stride_batch, v.stride_head, v.stride_seq, 1};
+    const bool any_empty = n[0] == 0 || n[1] == 0 || n[2] == 0 || n[3] == 0;
+    index_t far = 0, count = 1;
+    for (int a = 0; a < 4 && !any_empty; ++a) {
+      if (n[a] > 1 && st[a] > (big - far) / (n[a] - 1)) far = -1;
+      if (far >= 0) far += st[a] * (n[a] - 1);
+      if (count > big / n[a]) count = -1;
+      if (count >= 0) count *= n[a];
+      if (far < 0 || count < 0)
+        fail(fn, std::string(name) + ": shape " + shape_str(v) + " with strides (" +
+                     std::to_string(v.stride_batch) + ", " + std::to_string(v.stride_head) + ", " +
+                     std::to_string(v.stride_seq) + ", 1) overflows a 64-bit element offset");
+    }
+  }
   if (v.data == nullptr && element_count(v) != 0)
     fail(fn, std::string(name) + ": data is null but the shape " + shape_str(v) + " is not empty");
   if (is_output && element_count(v) != 0) {
