@@ -61,6 +61,8 @@ TEST_CASE("bad input: forward arguments", "[bad-input]") {
   { auto a = a0; a.key.stride_seq = -3; expect(a, "key"); }               // negative stride
   { auto a = a0; a.value.data = nullptr; expect(a, "value"); }            // null data
   { auto a = a0; a.out.stride_seq = 0; expect(a, "out"); }                // output overlaps itself
+  { auto a = a0; a.key.stride_seq = std::numeric_limits<index_t>::max() / 2; expect(a, "key"); }  // offset overflow
+  { auto a = a0; a.out.stride_head = std::numeric_limits<index_t>::max() / 3; expect(a, "out"); }  // (UB, then OOB access, before)
   { auto a = a0; a.out.data = const_cast<double*>(a.query.data); expect(a, "out"); }  // aliasing
   { auto a = a0; a.query.dim = -1; a.key.dim = -1; expect(a, "query"); }  // negative size
   { auto a = a0; a.temperature.value = 0; expect(a, "temperature"); }
