@@ -41,7 +41,9 @@ namespace continuum {
 ///         multiple of Hk, τ ≤ 0 or non-finite (every element), scale/τ
 ///         overflowing, scale ≤ 0 or non-finite, window < 0, ranges outside
 ///         [0, Lk] or lo > hi, null data with a non-empty shape, outputs
-///         aliasing inputs or each other, self-overlapping output views.
+///         aliasing inputs or each other, self-overlapping output views,
+///         strides × sizes overflowing a 64-bit element offset, D = 0
+///         with the default scale 1/sqrt(D).
 /// \note Rows with no visible key give out = 0 and lse = -inf, never NaN.
 ///       Non-finite values in Q/K/V reach only the rows that see them (a key
 ///       whose weight underflows to exactly 0 contributes nothing). Memory
