@@ -81,6 +81,11 @@ struct Array {
 namespace detail {
 
 inline std::string read_whole_file(const std::string& path) {
+  // A folder or a device such as /dev/zero would otherwise be read until
+  // memory runs out.
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    throw NpyError(path, "not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw NpyError(path, std::string("cannot open: ") + std::strerror(errno));
   std::ostringstream ss;

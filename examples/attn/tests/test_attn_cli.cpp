@@ -550,7 +550,7 @@ TEST_CASE("bad input: one line naming the file, non-zero exit, no output written
   }
 }
 
-TEST_CASE("bad command line: one line, status 2; a folder in the way: nothing renamed", "[cli]") {
+TEST_CASE("bad command line: status 2; a device or folder as input, a folder in the way: nothing written", "[cli]") {
   const fs::path dir = scratch("usage");
   const std::string d = dir.string();
   const Run mk = run_tool(dir, "--make-example " + d + " --example-shape 1 1 3 3 2");
@@ -563,6 +563,12 @@ TEST_CASE("bad command line: one line, status 2; a folder in the way: nothing re
     INFO(bad << " stderr: " << r.err);
     CHECK(r.rc == 2);
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  }
+  for (const std::string bad : {"/dev/zero", "/tmp"}) {  // was: read until killed (/dev/zero)
+    const Run r = run_tool(dir, "--q " + bad + " --k " + d + "/k.npy --v " + d + "/v.npy --out " + d + "/out");
+    INFO(bad << " stderr: " << r.err);
+    CHECK(r.rc == 1);
+    CHECK(r.err.find("not a regular file") != std::string::npos);
   }
   // dv.npy is a folder: the rename of dv.npy would fail after o, lse, dq, dk.
   fs::create_directories(dir / "out2/dv.npy");
