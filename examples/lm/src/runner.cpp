@@ -654,7 +654,8 @@ bool plot_attention(const std::string& ca_ckpt, const std::string& sm_ckpt,
   if (!sm_ckpt.empty()) L = std::min(L, add(sm_ckpt, false, true));
   std::ostringstream plot;
   plot << "set terminal pngcairo size " << 600 * panels.size() << ",640\nset output '" << png << "'\n"
-       << "set multiplot layout 1," << panels.size() << "\nset size ratio -1\nset yrange [] reverse\n"
+       << "set multiplot layout 1," << panels.size() << "\nset size ratio -1\n"
+       << "set xrange [-0.5:" << L - 0.5 << "]\nset yrange [" << L - 0.5 << ":-0.5]\n"
        << "set xlabel 'key position'\nset ylabel 'query position'\nset palette rgb 33,13,10\n"
        << "set cbrange [0:*]\n";
   for (const auto& p : panels)
