@@ -67,8 +67,8 @@ Config preset(const std::string& name) {
   if (name == "smoke") {
     // Seconds; used by the tests.
     c.n_layer = 2; c.d_model = 32; c.n_head = 2; c.context = 32;
-    c.batch_size = 8; c.steps = 150; c.lr = 3e-3; c.warmup_steps = 10;
-    c.eval_every = 50; c.eval_bytes = 4096; c.eval_batch = 16;
+    c.batch_size = 8; c.steps = 400; c.lr = 3e-3; c.warmup_steps = 20;
+    c.eval_every = 100; c.eval_bytes = 4096; c.eval_batch = 16;
     return c;
   }
   throw std::invalid_argument("preset: unknown preset '" + name +

@@ -34,7 +34,7 @@
 
 #include <Eigen/Dense>
 
-#include "attention.hpp"
+#include <continuum/continuum.hpp>
 #include "config.hpp"
 #include "rng.hpp"
 
@@ -373,7 +373,7 @@ double Model<T>::forward(const std::uint8_t* inputs, const std::uint8_t* targets
     a.temperature = temperature(l, bc, B, L);
     a.visibility.causal = true;
     a.num_threads = cfg_.threads;
-    attention_forward(a);
+    continuum::attention_forward(continuum::cpu, a);
 
     x.noalias() += bc.att * pm(blk.w_o);
     x.rowwise() += pr(blk.b_o);
@@ -446,7 +446,7 @@ void Model<T>::backward() {
   layer_norm_backward(dhf, xhatf_, rstdf_, p(layout_.lnf_g), gp(layout_.lnf_g),
                       gp(layout_.lnf_b), dx);
 
-  Mat<T> tmp, dqkv;
+  Mat<T> tmp, dqkv, dq, dk, dv;
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     const auto& blk = layout_.blocks[std::size_t(l)];
     BlockCache& bc = cache_[std::size_t(l)];
@@ -482,9 +482,15 @@ void Model<T>::backward() {
     a.out = continuum::TensorView<T>::bshd(bc.att.data(), B, L, H, Dh);
     a.grad_out = continuum::TensorView<T>::bshd(datt.data(), B, L, H, Dh);
     a.lse = bc.lse.data();
-    a.grad_query = continuum::TensorView<T>{dqkv.data(), B, H, L, Dh, sb, Dh, 3 * C};
-    a.grad_key = continuum::TensorView<T>{dqkv.data() + C, B, H, L, Dh, sb, Dh, 3 * C};
-    a.grad_value = continuum::TensorView<T>{dqkv.data() + 2 * C, B, H, L, Dh, sb, Dh, 3 * C};
+    // dQ, dK, dV in three [N, C] buffers (the operator rejects output views
+    // whose address ranges interleave, as packed dQKV columns would), then
+    // assembled into dqkv's column blocks.
+    dq.resize(N, C);
+    dk.resize(N, C);
+    dv.resize(N, C);
+    a.grad_query = continuum::TensorView<T>::bshd(dq.data(), B, L, H, Dh);
+    a.grad_key = continuum::TensorView<T>::bshd(dk.data(), B, L, H, Dh);
+    a.grad_value = continuum::TensorView<T>::bshd(dv.data(), B, L, H, Dh);
     a.kernel = cfg_.kernel();
     a.visibility.causal = true;
     a.num_threads = cfg_.threads;
@@ -501,7 +507,10 @@ void Model<T>::backward() {
     } else {
       a.temperature.value = T(cfg_.temperature);
     }
-    attention_backward(a);
+    continuum::attention_backward(continuum::cpu, a);
+    dqkv.leftCols(C) = dq;
+    dqkv.middleCols(C, C) = dk;
+    dqkv.rightCols(C) = dv;
 
     gm(blk.w_qkv).noalias() += bc.h1.transpose() * dqkv;
     gr(blk.b_qkv) += dqkv.colwise().sum();
@@ -589,7 +598,7 @@ Mat<T> Model<T>::forward_cached(const std::uint8_t* tokens, int n, KVCache& cach
     a.temperature = temperature(l, bc, 1, n);
     a.visibility.causal = true;  // bottom-right: query i sees keys [0, P + i + 1)
     a.num_threads = cfg_.threads;
-    attention_forward(a);
+    continuum::attention_forward(continuum::cpu, a);
     x.noalias() += bc.att * pm(blk.w_o);
     x.rowwise() += pr(blk.b_o);
     layer_norm(x, p(blk.ln2_g), p(blk.ln2_b), bc.xhat2, bc.h2, bc.rstd2);
@@ -630,7 +639,7 @@ void Model<T>::attention_maps(int l, std::vector<T>& probs, std::vector<T>& cell
   a.probs = probs.data();
   a.cell_mass = cell_mass.data();
   a.num_threads = cfg_.threads;
-  attention_forward(a);
+  continuum::attention_forward(continuum::cpu, a);
 }
 
 }  // namespace lm
