@@ -33,6 +33,9 @@
 #include <vector>
 
 #include <Eigen/Dense>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include <continuum/continuum.hpp>
 #include "config.hpp"
@@ -46,6 +49,39 @@ template <class T>
 using MapMat = Eigen::Map<Mat<T>>;
 template <class T>
 using MapRow = Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>;
+
+/// out = a·b (or out += a·b), parallelised over blocks of output rows: each
+/// OpenMP thread runs Eigen's single-threaded product on its own rows (Eigen's
+/// multi-threaded GEMM busy-waits, which collapses on a shared machine). The
+/// row partition depends only on the thread count, so results are bitwise
+/// reproducible for a fixed count. `out` must already have its shape.
+template <class Out, class A, class B>
+void gemm(Out&& out, const A& a, const B& b, bool accumulate) {
+  const Eigen::Index R = out.rows();
+#ifdef _OPENMP
+  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+#else
+  const int nt = 1;
+#endif
+  if (nt <= 1 || R < 64) {
+    if (accumulate) out.noalias() += a * b;
+    else out.noalias() = a * b;
+    return;
+  }
+#pragma omp parallel num_threads(nt)
+  {
+#ifdef _OPENMP
+    const int t = omp_get_thread_num(), n = omp_get_num_threads();
+#else
+    const int t = 0, n = 1;
+#endif
+    const Eigen::Index r0 = R * t / n, r1 = R * (t + 1) / n;
+    if (r1 > r0) {
+      if (accumulate) out.middleRows(r0, r1 - r0).noalias() += a.middleRows(r0, r1 - r0) * b;
+      else out.middleRows(r0, r1 - r0).noalias() = a.middleRows(r0, r1 - r0) * b;
+    }
+  }
+}
 
 /// One named parameter tensor inside the flat parameter buffer.
 struct TensorInfo {
@@ -356,7 +392,8 @@ double Model<T>::forward(const std::uint8_t* inputs, const std::uint8_t* targets
     const auto& blk = layout_.blocks[std::size_t(l)];
     BlockCache& bc = cache_[std::size_t(l)];
     layer_norm(x, p(blk.ln1_g), p(blk.ln1_b), bc.xhat1, bc.h1, bc.rstd1);
-    bc.qkv.noalias() = bc.h1 * pm(blk.w_qkv);
+    bc.qkv.resize(N, 3 * C);
+    gemm(bc.qkv, bc.h1, pm(blk.w_qkv), false);
     bc.qkv.rowwise() += pr(blk.b_qkv);
     bc.att.resize(N, C);
     bc.lse.resize(std::size_t(N) * H);
@@ -375,10 +412,11 @@ double Model<T>::forward(const std::uint8_t* inputs, const std::uint8_t* targets
     a.num_threads = cfg_.threads;
     continuum::attention_forward(continuum::cpu, a);
 
-    x.noalias() += bc.att * pm(blk.w_o);
+    gemm(x, bc.att, pm(blk.w_o), true);
     x.rowwise() += pr(blk.b_o);
     layer_norm(x, p(blk.ln2_g), p(blk.ln2_b), bc.xhat2, bc.h2, bc.rstd2);
-    bc.f.noalias() = bc.h2 * pm(blk.w_fc);
+    bc.f.resize(N, std::int64_t(cfg_.mlp_mult) * C);
+    gemm(bc.f, bc.h2, pm(blk.w_fc), false);
     bc.f.rowwise() += pr(blk.b_fc);
     bc.g.resize(bc.f.rows(), bc.f.cols());
     {
@@ -388,7 +426,7 @@ double Model<T>::forward(const std::uint8_t* inputs, const std::uint8_t* targets
 #pragma omp parallel for schedule(static)
       for (Eigen::Index i = 0; i < n; ++i) g[i] = gelu(f[i]);
     }
-    x.noalias() += bc.g * pm(blk.w_proj);
+    gemm(x, bc.g, pm(blk.w_proj), true);
     x.rowwise() += pr(blk.b_proj);
     if (!keep_cache) {
       // Keep only what a later attention_maps() call needs.
@@ -399,7 +437,8 @@ double Model<T>::forward(const std::uint8_t* inputs, const std::uint8_t* targets
   }
   x_final_ = x;
   layer_norm(x, p(layout_.lnf_g), p(layout_.lnf_b), xhatf_, hf_, rstdf_);
-  logits_.noalias() = hf_ * pm(layout_.wte).transpose();
+  logits_.resize(N, 256);
+  gemm(logits_, hf_, pm(layout_.wte).transpose(), false);
 
   if (!targets) return 0.0;
   nll_.assign(std::size_t(N), 0.0);
@@ -440,8 +479,9 @@ void Model<T>::backward() {
     for (Eigen::Index v = 0; v < V; ++v) d[v] *= inv;
     d[targets_[std::size_t(n)]] -= T(1) / T(N);
   }
-  gm(layout_.wte).noalias() += dlogits.transpose() * hf_;
-  Mat<T> dhf = dlogits * pm(layout_.wte);
+  gemm(gm(layout_.wte), dlogits.transpose(), hf_, true);
+  Mat<T> dhf(N, C);
+  gemm(dhf, dlogits, pm(layout_.wte), false);
   Mat<T> dx = Mat<T>::Zero(N, C);
   layer_norm_backward(dhf, xhatf_, rstdf_, p(layout_.lnf_g), gp(layout_.lnf_g),
                       gp(layout_.lnf_b), dx);
@@ -451,9 +491,10 @@ void Model<T>::backward() {
     const auto& blk = layout_.blocks[std::size_t(l)];
     BlockCache& bc = cache_[std::size_t(l)];
     // MLP: x += GELU(h2·W_fc + b_fc)·W_proj + b_proj.
-    gm(blk.w_proj).noalias() += bc.g.transpose() * dx;
+    gemm(gm(blk.w_proj), bc.g.transpose(), dx, true);
     gr(blk.b_proj) += dx.colwise().sum();
-    tmp.noalias() = dx * pm(blk.w_proj).transpose();  // d g
+    tmp.resize(N, bc.g.cols());
+    gemm(tmp, dx, pm(blk.w_proj).transpose(), false);  // d g
     {
       const Eigen::Index n = tmp.size();
       const T* f = bc.f.data();
@@ -461,15 +502,17 @@ void Model<T>::backward() {
 #pragma omp parallel for schedule(static)
       for (Eigen::Index i = 0; i < n; ++i) d[i] *= gelu_grad(f[i]);
     }
-    gm(blk.w_fc).noalias() += bc.h2.transpose() * tmp;
+    gemm(gm(blk.w_fc), bc.h2.transpose(), tmp, true);
     gr(blk.b_fc) += tmp.colwise().sum();
-    Mat<T> dh2 = tmp * pm(blk.w_fc).transpose();
+    Mat<T> dh2(N, C);
+    gemm(dh2, tmp, pm(blk.w_fc).transpose(), false);
     layer_norm_backward(dh2, bc.xhat2, bc.rstd2, p(blk.ln2_g), gp(blk.ln2_g), gp(blk.ln2_b), dx);
 
     // Attention: x += Attention(h1·W_qkv + b_qkv)·W_o + b_o.
-    gm(blk.w_o).noalias() += bc.att.transpose() * dx;
+    gemm(gm(blk.w_o), bc.att.transpose(), dx, true);
     gr(blk.b_o) += dx.colwise().sum();
-    Mat<T> datt = dx * pm(blk.w_o).transpose();
+    Mat<T> datt(N, C);
+    gemm(datt, dx, pm(blk.w_o).transpose(), false);
     dqkv.resize(N, 3 * C);
 
     continuum::BackwardArgs<T> a;
@@ -512,9 +555,10 @@ void Model<T>::backward() {
     dqkv.middleCols(C, C) = dk;
     dqkv.rightCols(C) = dv;
 
-    gm(blk.w_qkv).noalias() += bc.h1.transpose() * dqkv;
+    gemm(gm(blk.w_qkv), bc.h1.transpose(), dqkv, true);
     gr(blk.b_qkv) += dqkv.colwise().sum();
-    Mat<T> dh1 = dqkv * pm(blk.w_qkv).transpose();
+    Mat<T> dh1(N, C);
+    gemm(dh1, dqkv, pm(blk.w_qkv).transpose(), false);
     if (blk.log_tau >= 0) {
       // τ = exp(θ): dθ = dτ · τ.
       gp(std::size_t(blk.log_tau))[0] += dtau_scalar * a.temperature.value;

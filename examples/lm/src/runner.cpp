@@ -27,11 +27,14 @@ namespace fs = std::filesystem;
 namespace lm {
 
 void set_threads(int n) {
+  Eigen::setNbThreads(1);
   if (n <= 0) return;
 #ifdef _OPENMP
   omp_set_num_threads(n);
 #endif
-  Eigen::setNbThreads(n);
+  // Eigen's own products stay single-threaded: the model splits them by rows
+  // (model.hpp gemm) and the operator parallelises itself.
+  Eigen::setNbThreads(1);
 }
 
 namespace {
