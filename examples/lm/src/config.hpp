@@ -32,18 +32,18 @@ namespace lm {
   X(double, focal_tau_min, 0.05, "focal per-token temperature lower clip")                    \
   X(double, focal_tau_max, 2.0, "focal per-token temperature upper clip")                     \
   X(int, batch_size, 16, "sequences per optimiser step")                                      \
-  X(int, steps, 300, "optimiser steps (token budget = steps*batch_size*context)")            \
-  X(double, lr, 2e-3, "peak learning rate")                                                   \
+  X(int, steps, 250, "optimiser steps (token budget = steps*batch_size*context)")            \
+  X(double, lr, 3e-3, "peak learning rate")                                                   \
   X(double, min_lr_ratio, 0.1, "final learning rate as a fraction of lr (cosine)")            \
-  X(int, warmup_steps, 30, "linear warm-up steps")                                            \
+  X(int, warmup_steps, 25, "linear warm-up steps")                                            \
   X(double, weight_decay, 0.1, "AdamW decoupled weight decay (matrices, embeddings)")        \
   X(double, beta1, 0.9, "AdamW beta1")                                                        \
   X(double, beta2, 0.95, "AdamW beta2")                                                       \
   X(double, adam_eps, 1e-8, "AdamW epsilon")                                                  \
   X(double, grad_clip, 1.0, "global gradient-norm clip (0 = off)")                            \
   X(double, init_std, 0.02, "initial weight standard deviation")                              \
-  X(int, eval_every, 100, "steps between validation-curve points (0 = only at the end)")      \
-  X(int, eval_bytes, 16384, "bytes of each validation file used for curve points")            \
+  X(int, eval_every, 50, "steps between validation-curve points (0 = only at the end)")      \
+  X(int, eval_bytes, 8192, "bytes of each validation file used for curve points")            \
   X(int, eval_batch, 16, "windows per forward pass in evaluation")                            \
   X(int, stride, 0, "evaluation stride (0 = context: non-overlapping windows)")               \
   X(std::uint64_t, seed, 0, "seed of the initialisation and of the batch order")              \

@@ -225,7 +225,7 @@ nlohmann::json train_run(const TrainSpec& spec) {
     log << nlohmann::json{{"event", "step"}, {"step", step + 1}, {"loss", loss},
                           {"lr", lr}, {"grad_norm", gnorm},
                           {"elapsed_s", seconds_since(t0)}}.dump()
-        << "\n";
+        << "\n" << std::flush;
     const bool do_eval = cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0 && step + 1 < cfg.steps;
     if (do_eval) {
       const auto te = std::chrono::steady_clock::now();
@@ -247,7 +247,7 @@ nlohmann::json train_run(const TrainSpec& spec) {
            << std::setprecision(4) << ema << "  " << std::setprecision(0) << tps
            << " tok/s  ETA " << duration(eta);
       if (tty) std::cerr << "\r" << line.str() << "   " << std::flush;
-      else if ((step + 1) % 50 == 0 || step + 1 == cfg.steps) std::cerr << "  " << line.str() << "\n";
+      else if ((step + 1) % 25 == 0 || step + 1 == cfg.steps) std::cerr << "  " << line.str() << "\n";
     }
   }
   if (tty) std::cerr << "\n";
