@@ -480,7 +480,8 @@ std::string format_table(const nlohmann::json& cmp) {
           o << std::left << std::setw(24) << ci.str() << std::right << std::noshowpos << "  "
             << p.at("seeds_won").get<int>() << "/" << p.at("n").get<int>() << "       ";
           for (auto it = p.at("per_seed").begin(); it != p.at("per_seed").end(); ++it)
-            o << std::showpos << std::setprecision(4) << it.value().get<double>() << " " << std::noshowpos;
+            o << "s" << it.key() << ":" << std::showpos << std::setprecision(4)
+              << it.value().get<double>() << " " << std::noshowpos;
           o << "\n";
         }
       }
