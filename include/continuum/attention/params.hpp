@@ -76,12 +76,14 @@ struct ForwardArgs {
   TensorView<const T> query, key, value;
   TensorView<T> out;
   /// [B, Hq, Lq] contiguous, log Z_i in natural-log units; may be null.
-  /// Empty rows get -inf. Computed in double and rounded once to T, so it is
-  /// ±inf when log Z_i is outside T's range (tiny τ, huge scores). The CPU
-  /// backward does not need it (it recomputes the row statistics).
-  T* lse = nullptr;
+  /// Empty rows get -inf. Computed in double and rounded once to the
+  /// accumulator type (T for float/double; float for the CUDA backend's
+  /// 16-bit storage types), so it is ±inf when log Z_i is outside that range
+  /// (tiny τ, huge scores). The CPU backward does not need it (it recomputes
+  /// the row statistics); the CUDA backward reads it.
+  accum_t<T>* lse = nullptr;
   Kernel kernel = Kernel::continuum;
-  Temperature<T> temperature{};
+  Temperature<accum_t<T>> temperature{};
   /// Softmax scale; default 1/sqrt(D).
   std::optional<double> scale{};
   Visibility visibility{};
@@ -96,17 +98,19 @@ struct ForwardArgs {
 /// Backward arguments: the forward's inputs and outputs plus dO; writes dQ,
 /// dK, dV (same shapes and view rules as Q, K, V) and dτ (same shape as the
 /// temperature: a scalar, [Hq], or [B, Hq, Lq]); any output may be null.
+/// lse, the temperature and dτ are in accum_t<T> (= T for float and double).
 template <class T>
 struct BackwardArgs {
   TensorView<const T> query, key, value, out, grad_out;
-  /// The forward's lse; optional. The CPU backend ignores it and recomputes
-  /// each row's maximum and Z with the forward's own code (so P is the
-  /// forward's P even where lse overflowed T); other backends may use it.
-  const T* lse = nullptr;
+  /// The forward's lse; optional for the CPU backend, which ignores it and
+  /// recomputes each row's maximum and Z (so it also works where lse
+  /// overflowed); the CUDA backend needs it. `out` is likewise not read by
+  /// the CPU backend.
+  const accum_t<T>* lse = nullptr;
   TensorView<T> grad_query, grad_key, grad_value;
-  T* grad_temperature = nullptr;
+  accum_t<T>* grad_temperature = nullptr;
   Kernel kernel = Kernel::continuum;
-  Temperature<T> temperature{};
+  Temperature<accum_t<T>> temperature{};
   std::optional<double> scale{};
   Visibility visibility{};
   int num_threads = 0;

@@ -1,0 +1,277 @@
+// examples/attn/npy.hpp — reading and writing NumPy .npy files for
+// continuum-attn, on top of xtensor's xnpy (xt::load_npy / xt::dump_npy).
+//
+// Why a wrapper: xnpy (xtensor 0.24, Debian 12) trusts the file. Read as-is,
+//   * a truncated data section is not detected: istream::read's short count is
+//     never checked, so the tail of the array is uninitialised memory;
+//   * a truncated header is read into an uninitialised buffer;
+//   * the 16-bit header length is assembled from signed chars, so a valid
+//     header whose length has its low byte ≥ 0x80 (e.g. 182, which NumPy
+//     writes when the header needs 192 bytes) is read with a length of ~65 000;
+//   * shape entries are parsed with `stream >> size_t`, so "-3" wraps to
+//     2^64 - 3 and "x" becomes 0; the element count can overflow;
+//   * trailing bytes after the data are ignored.
+// So every file is read whole and its header is validated here (magic,
+// version, length, dictionary, dtype, shape, exact data length); only then is
+// the array decoded by xnpy, from a canonical header xnpy itself writes.
+// Every error is an NpyError whose message starts with the file name.
+#pragma once
+
+#include <xtensor/xadapt.hpp>
+#include <xtensor/xarray.hpp>
+#include <xtensor/xnpy.hpp>
+
+#include <cctype>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace attn {
+
+/// A problem with a named file; what() reads "<path>: <problem>".
+struct NpyError : std::runtime_error {
+  NpyError(const std::string& path, const std::string& problem)
+      : std::runtime_error(path + ": " + problem) {}
+};
+
+enum class DType { f32, f64, i32, i64 };
+
+inline const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "float32";
+    case DType::f64: return "float64";
+    case DType::i32: return "int32";
+    default: return "int64";
+  }
+}
+
+/// A loaded array: row-major values (floats widened to double, which is
+/// exact; integers as int64), its shape and the file's dtype.
+struct Array {
+  std::string path;
+  DType dtype = DType::f64;
+  std::vector<std::size_t> shape;
+  std::vector<double> real;         ///< for f32 / f64 files
+  std::vector<std::int64_t> integer;  ///< for i32 / i64 files
+
+  std::size_t size() const {
+    std::size_t n = 1;
+    for (auto s : shape) n *= s;
+    return n;
+  }
+  bool is_real() const { return dtype == DType::f32 || dtype == DType::f64; }
+  std::string shape_str() const {
+    if (shape.size() > 6) return "(" + std::to_string(shape.size()) + "-D)";
+    std::string s = "(";
+    for (std::size_t i = 0; i < shape.size(); ++i)
+      s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + (shape.size() == 1 ? ",)" : ")");
+  }
+};
+
+namespace detail {
+
+inline std::string read_whole_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw NpyError(path, std::string("cannot open: ") + std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw NpyError(path, "read error");
+  return ss.str();
+}
+
+struct Header {
+  DType dtype;
+  bool fortran_order;
+  std::vector<std::size_t> shape;
+  std::size_t data_offset;
+};
+
+/// Validates the .npy header (format versions 1.0 and 2.0; NumPy's spec:
+/// numpy.org/doc/stable/reference/generated/numpy.lib.format.html).
+inline Header parse_header(const std::string& bytes, const std::string& path) {
+  static const char magic[] = "\x93NUMPY";
+  if (bytes.size() < 10 || bytes.compare(0, 6, magic, 6) != 0)
+    throw NpyError(path, "not a .npy file (bad magic bytes)");
+  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(bytes[i]); };
+  const unsigned major = byte(6), minor = byte(7);
+  std::size_t len = 0, off = 0;
+  if (major == 1 && minor == 0) {
+    len = byte(8) | (std::size_t(byte(9)) << 8);
+    off = 10;
+  } else if (major == 2 && minor == 0) {
+    if (bytes.size() < 12) throw NpyError(path, "truncated header");
+    len = byte(8) | (std::size_t(byte(9)) << 8) | (std::size_t(byte(10)) << 16) |
+          (std::size_t(byte(11)) << 24);
+    off = 12;
+  } else {
+    throw NpyError(path, "unsupported .npy format version " + std::to_string(major) + "." +
+                             std::to_string(minor) + " (1.0 and 2.0 are supported)");
+  }
+  // NumPy's own reader refuses headers over 10000 bytes (np.load's max_header_size);
+  // the bound also keeps std::regex's recursion shallow.
+  if (len > 10000) throw NpyError(path, "header of " + std::to_string(len) + " bytes is too long");
+  if (len > bytes.size() - off) throw NpyError(path, "truncated header");
+  const std::string dict = bytes.substr(off, len);
+  if (dict.empty() || dict.back() != '\n') throw NpyError(path, "malformed header (no newline)");
+
+  // NumPy writes the keys in this order (pprint order); so does every writer we know.
+  static const std::regex re(
+      R"(^\{\s*'descr'\s*:\s*'([<>|=])([a-zA-Z])(\d+)'\s*,\s*'fortran_order'\s*:\s*(True|False)\s*,)"
+      R"(\s*'shape'\s*:\s*\(([0-9,\s]*)\)\s*,?\s*\}\s*$)");
+  std::smatch m;
+  if (!std::regex_match(dict, m, re))
+    throw NpyError(path, "malformed header: " + dict.substr(0, dict.find('\n')));
+
+  Header h;
+  const std::string order = m[1], kind = m[2], width = m[3];
+  if (order == ">") throw NpyError(path, "big-endian data is not supported; use '<' (little-endian)");
+  if (kind == "f" && width == "4") h.dtype = DType::f32;
+  else if (kind == "f" && width == "8") h.dtype = DType::f64;
+  else if (kind == "i" && width == "4") h.dtype = DType::i32;
+  else if (kind == "i" && width == "8") h.dtype = DType::i64;
+  else
+    throw NpyError(path, "unsupported dtype '" + order + kind + width +
+                             "' (need float32, float64, int32 or int64)");
+  h.fortran_order = m[4] == "True";
+
+  // Shape: comma-separated non-negative decimal integers, optional trailing comma.
+  const std::string dims = m[5];
+  std::size_t count = 1, pos = 0;
+  while (true) {
+    while (pos < dims.size() && std::isspace(static_cast<unsigned char>(dims[pos]))) ++pos;
+    if (pos == dims.size()) break;
+    std::size_t end = pos;
+    while (end < dims.size() && std::isdigit(static_cast<unsigned char>(dims[end]))) ++end;
+    if (end == pos || end - pos > 15) throw NpyError(path, "malformed shape (" + dims + ")");
+    const std::size_t d = std::stoull(dims.substr(pos, end - pos));
+    if (d != 0 && count > std::numeric_limits<std::size_t>::max() / 16 / d)
+      throw NpyError(path, "shape (" + dims + ") is too large");
+    count *= d;
+    h.shape.push_back(d);
+    pos = end;
+    while (pos < dims.size() && std::isspace(static_cast<unsigned char>(dims[pos]))) ++pos;
+    if (pos == dims.size()) break;
+    if (dims[pos] != ',') throw NpyError(path, "malformed shape (" + dims + ")");
+    ++pos;
+  }
+  const std::size_t word = (h.dtype == DType::f32 || h.dtype == DType::i32) ? 4 : 8;
+  const std::size_t want = count * word, have = bytes.size() - off - len;
+  if (have < want)
+    throw NpyError(path, "truncated data: shape (" + dims + ") needs " + std::to_string(want) +
+                             " bytes, the file has " + std::to_string(have));
+  if (have > want)
+    throw NpyError(path, std::to_string(have - want) + " unexpected bytes after the data");
+  h.data_offset = off + len;
+  return h;
+}
+
+/// Decodes the validated payload with xnpy, from a canonical header written
+/// by xnpy itself (so xnpy's header reader never sees the caller's bytes).
+template <class T, class Out>
+void decode(const std::string& bytes, const Header& h, const std::string& path,
+            std::vector<Out>& out) {
+  std::ostringstream canon;
+  xt::detail::write_header(canon, xt::detail::build_typestring<T>(), h.fortran_order, h.shape);
+  // xnpy reads the 16-bit header length through signed chars (see above).
+  if (static_cast<unsigned char>(canon.str()[8]) >= 0x80)
+    throw NpyError(path, "shape (" + std::to_string(h.shape.size()) + " dims) too long for xnpy");
+  canon.write(bytes.data() + h.data_offset,
+              static_cast<std::streamsize>(bytes.size() - h.data_offset));
+  std::istringstream in(canon.str());
+  auto loaded = xt::load_npy<T>(in);
+  if (std::vector<std::size_t>(loaded.shape().begin(), loaded.shape().end()) != h.shape)
+    throw NpyError(path, "xnpy decoded a different shape");
+  // Assigning to a row-major array transposes Fortran-ordered data.
+  xt::xarray<T, xt::layout_type::row_major> rm = loaded;
+  out.assign(rm.data(), rm.data() + rm.size());
+}
+
+}  // namespace detail
+
+/// Loads a .npy file (float32/float64/int32/int64, C or Fortran order).
+/// \throws NpyError naming the file and the problem.
+inline Array load(const std::string& path) {
+  const std::string bytes = detail::read_whole_file(path);
+  const detail::Header h = detail::parse_header(bytes, path);
+  Array a;
+  a.path = path;
+  a.dtype = h.dtype;
+  a.shape = h.shape;
+  try {
+    switch (h.dtype) {
+      case DType::f32: detail::decode<float>(bytes, h, path, a.real); break;
+      case DType::f64: detail::decode<double>(bytes, h, path, a.real); break;
+      case DType::i32: detail::decode<std::int32_t>(bytes, h, path, a.integer); break;
+      case DType::i64: detail::decode<std::int64_t>(bytes, h, path, a.integer); break;
+    }
+  } catch (const NpyError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw NpyError(path, std::string("cannot decode: ") + e.what());
+  }
+  return a;
+}
+
+/// The bytes of a .npy file holding `data` (row-major) with `shape`, written
+/// by xnpy. T = float or double.
+template <class T>
+std::string encode(const std::vector<T>& data, const std::vector<std::size_t>& shape) {
+  std::size_t n = 1;
+  for (auto s : shape) n *= s;
+  if (n != data.size()) throw std::logic_error("npy encode: shape does not match the data");
+  if (shape.empty()) {
+    xt::xarray<T> scalar = xt::xarray<T>::from_shape({});
+    scalar() = data[0];
+    return xt::dump_npy(scalar);
+  }
+  auto view = xt::adapt(data.data(), n, xt::no_ownership(), shape);
+  return xt::dump_npy(view);
+}
+
+/// Writes a set of files atomically as a group: every file goes to a
+/// temporary name in its folder first; only when all are written and closed
+/// are they renamed into place. On any error the temporaries are removed and
+/// no output file appears.
+class AtomicWriter {
+ public:
+  AtomicWriter() = default;
+  AtomicWriter(const AtomicWriter&) = delete;
+  AtomicWriter& operator=(const AtomicWriter&) = delete;
+  ~AtomicWriter() { discard(); }
+
+  void add(const std::string& path, const std::string& bytes) {
+    const std::string tmp = path + ".tmp." + std::to_string(counter_++) + "~";
+    temps_.push_back({tmp, path});
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw NpyError(path, std::string("cannot create: ") + std::strerror(errno));
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.close();
+    if (!out) throw NpyError(path, "write failed");
+  }
+  /// Renames every temporary into place.
+  void commit() {
+    for (auto& t : temps_)
+      if (std::rename(t.first.c_str(), t.second.c_str()) != 0)
+        throw NpyError(t.second, std::string("cannot rename into place: ") + std::strerror(errno));
+    temps_.clear();
+  }
+  void discard() {
+    for (auto& t : temps_) std::remove(t.first.c_str());
+    temps_.clear();
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> temps_;
+  unsigned counter_ = 0;
+};
+
+}  // namespace attn

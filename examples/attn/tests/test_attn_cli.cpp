@@ -1,0 +1,551 @@
+// Tests of the continuum-attn executable (examples/attn/main.cpp).
+//
+// The executable is run as a subprocess. Its inputs are written, and its
+// outputs read, by the small .npy codec below, which shares no code with the
+// tool (the tool uses xtensor's xnpy). The expected values come from an
+// independent long-double reference: SPEC §4 evaluated as the integral over
+// the piecewise-linear curve by composite Gauss–Legendre quadrature (not the
+// closed-form stencil the library uses), softmax by its definition, and the
+// gradients (SPEC §6) by central finite differences of L = Σ dO·O.
+//
+// Tolerances: the quadrature (4 panels × 16 nodes per segment, |Δs| ≤ 12
+// here) is exact to ~1e-18; central differences with h = 1e-5 in long double
+// have truncation error h²/6·|L'''| (≲ 1e-9 here: L''' in τ grows like τ⁻³,
+// τ = 0.3) and rounding ~1e-14. Errors are
+// scaled, |got - want| / (1 + |want|). A double run is held to 1e-14 (forward:
+// ~50 ulp of double at unit scale) and 1e-8 (gradients: the FD error bound);
+// a float run to 4e-6 (64 ulp of float at unit scale, forward and backward).
+// Measured with the op branch's CPU operator (2026-11-29): double forward
+// ≤ 1e-16, gradients ≤ 5e-10 (dtemp; FD-limited); float ≤ 4e-8.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+using ld = long double;
+
+namespace {
+
+// ---------------------------------------------------------------- .npy codec
+
+std::string npy_raw(const std::string& descr, bool fortran, const std::string& shape,
+                    const std::string& data, std::size_t total_header = 0) {
+  std::string dict = "{'descr': '" + descr + "', 'fortran_order': " +
+                     (fortran ? "True" : "False") + ", 'shape': " + shape + ", }";
+  std::size_t len = dict.size() + 1;
+  std::size_t want = total_header ? total_header : ((10 + len + 63) / 64) * 64;
+  dict.append(want - 10 - len, ' ');
+  dict += '\n';
+  std::string out = "\x93NUMPY";
+  out += char(1);
+  out += char(0);
+  out += char(dict.size() & 0xff);
+  out += char(dict.size() >> 8);
+  return out + dict + data;
+}
+
+std::string shape_str(const std::vector<std::size_t>& s) {
+  std::string r = "(";
+  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + (s.size() == 1 ? ",)" : ")");
+}
+
+template <class T>
+std::string npy_bytes(const std::vector<ld>& x, const std::vector<std::size_t>& shape,
+                      std::size_t total_header = 0) {
+  std::string data(x.size() * sizeof(T), '\0');
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const T v = static_cast<T>(x[i]);
+    std::memcpy(&data[i * sizeof(T)], &v, sizeof(T));
+  }
+  const char* descr = std::is_same<T, float>::value     ? "<f4"
+                      : std::is_same<T, double>::value  ? "<f8"
+                                                        : "<i8";
+  return npy_raw(descr, false, shape_str(shape), data, total_header);
+}
+
+void write_file(const fs::path& p, const std::string& bytes) {
+  std::ofstream out(p, std::ios::binary);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+  REQUIRE(out.good());
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Npy {
+  std::string descr;
+  std::vector<std::size_t> shape;
+  std::vector<ld> x;
+};
+
+/// Reads the little-endian float .npy files the tool writes.
+Npy read_npy(const fs::path& p) {
+  const std::string b = read_file(p);
+  REQUIRE(b.size() >= 10);
+  REQUIRE(b.compare(0, 6, "\x93NUMPY") == 0);
+  const std::size_t len = (unsigned char)b[8] | ((unsigned char)b[9] << 8);
+  const std::string dict = b.substr(10, len);
+  Npy r;
+  r.descr = dict.substr(dict.find("'descr': '") + 10, 3);
+  REQUIRE(dict.find("'fortran_order': False") != std::string::npos);
+  const auto open = dict.find('(', dict.find("'shape'")), close = dict.find(')', open);
+  std::stringstream ss(dict.substr(open + 1, close - open - 1));
+  std::string tok;
+  while (std::getline(ss, tok, ','))
+    if (tok.find_first_not_of(' ') != std::string::npos) r.shape.push_back(std::stoull(tok));
+  std::size_t n = 1;
+  for (auto s : r.shape) n *= s;
+  const std::size_t w = r.descr == "<f4" ? 4 : 8;
+  REQUIRE((r.descr == "<f4" || r.descr == "<f8"));
+  REQUIRE(b.size() == 10 + len + n * w);
+  r.x.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (w == 4) {
+      float f;
+      std::memcpy(&f, &b[10 + len + 4 * i], 4);
+      r.x[i] = f;
+    } else {
+      double d;
+      std::memcpy(&d, &b[10 + len + 8 * i], 8);
+      r.x[i] = d;
+    }
+  }
+  return r;
+}
+
+// ------------------------------------------------------------------ running
+
+struct Run {
+  int rc;
+  std::string out, err;
+};
+
+fs::path scratch(const std::string& name) {
+  const fs::path d = fs::path(CONTINUUM_ATTN_TMP) / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+Run run_tool(const fs::path& dir, const std::string& args) {
+  const std::string cmd = std::string("\"") + CONTINUUM_ATTN_EXE + "\" " + args + " >\"" +
+                          (dir / "stdout.txt").string() + "\" 2>\"" +
+                          (dir / "stderr.txt").string() + "\"";
+  const int status = std::system(cmd.c_str());
+  Run r;
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  r.out = read_file(dir / "stdout.txt");
+  r.err = read_file(dir / "stderr.txt");
+  return r;
+}
+
+// --------------------------------------------------- independent reference
+
+struct Case {
+  std::size_t B = 1, Hq = 1, Hk = 1, Lq = 1, Lk = 1, D = 1, Dv = 1;
+  std::vector<ld> q, k, v;
+  bool softmax = false;
+  std::vector<ld> tau{1};  // 1, Hq or B*Hq*Lq values
+  ld scale = 0;            // 0: 1/sqrt(D)
+  bool causal = false;
+  long window = 0;
+  std::vector<long> lo, hi;  // [B, Lq] or empty
+};
+
+struct Out {
+  std::vector<ld> o, lse;
+};
+
+/// Gauss–Legendre nodes/weights on [0, 1] (Newton on P_n, long double).
+void gauss_legendre(int n, std::vector<ld>& x, std::vector<ld>& w) {
+  const ld pi = 3.141592653589793238462643383279502884L;
+  x.resize(n);
+  w.resize(n);
+  for (int i = 0; i < n; ++i) {
+    ld z = std::cos(pi * (i + 0.75L) / (n + 0.5L)), dp = 0;
+    for (int it = 0; it < 100; ++it) {
+      ld p0 = 1, p1 = z;
+      for (int j = 2; j <= n; ++j) {
+        const ld p2 = ((2 * j - 1) * z * p1 - (j - 1) * p0) / j;
+        p0 = p1;
+        p1 = p2;
+      }
+      dp = n * (z * p1 - p0) / (z * z - 1);
+      const ld dz = p1 / dp;
+      z -= dz;
+      if (std::fabs(dz) < 1e-19L) break;
+    }
+    x[i] = (1 - z) / 2;
+    w[i] = 1 / ((1 - z * z) * dp * dp);  // (2/((1-z²)P'²)) / 2
+  }
+}
+
+Out reference(const Case& c) {
+  static std::vector<ld> gx, gw;
+  if (gx.empty()) gauss_legendre(16, gx, gw);
+  const int panels = 4;
+  Out r;
+  r.o.assign(c.B * c.Hq * c.Lq * c.Dv, 0);
+  r.lse.assign(c.B * c.Hq * c.Lq, -std::numeric_limits<ld>::infinity());
+  const ld scale = c.scale > 0 ? c.scale : 1 / std::sqrt(ld(c.D));
+  for (std::size_t b = 0; b < c.B; ++b)
+    for (std::size_t h = 0; h < c.Hq; ++h) {
+      const std::size_t hk = h / (c.Hq / c.Hk);
+      for (std::size_t i = 0; i < c.Lq; ++i) {
+        const std::size_t row = (b * c.Hq + h) * c.Lq + i;
+        const ld tau = c.tau.size() == 1 ? c.tau[0] : c.tau.size() == c.Hq ? c.tau[h] : c.tau[row];
+        long hi = long(c.Lk), lo = 0;
+        if (c.causal) hi = std::min<long>(hi, long(i) + long(c.Lk) - long(c.Lq) + 1);
+        if (c.window > 0) lo = std::max<long>(0, hi - c.window);
+        if (!c.lo.empty()) {
+          lo = std::max(lo, c.lo[b * c.Lq + i]);
+          hi = std::min(hi, c.hi[b * c.Lq + i]);
+        }
+        if (hi <= lo) continue;
+        const ld* qi = &c.q[row * c.D];
+        auto key = [&](long j) { return &c.k[((b * c.Hk + hk) * c.Lk + j) * c.D]; };
+        auto val = [&](long j) { return &c.v[((b * c.Hk + hk) * c.Lk + j) * c.Dv]; };
+        std::vector<ld> s(c.Lk);
+        ld m = -std::numeric_limits<ld>::infinity();
+        for (long j = lo; j < hi; ++j) {
+          ld dot = 0;
+          for (std::size_t d = 0; d < c.D; ++d) dot += qi[d] * key(j)[d];
+          s[j] = scale / tau * dot;
+          m = std::max(m, s[j]);
+        }
+        ld Z = 0;
+        std::vector<ld> num(c.Dv, 0);
+        auto add = [&](ld weight, ld score, const ld* va, const ld* vb, ld u) {
+          const ld e = weight * std::exp(score - m);
+          Z += e;
+          for (std::size_t d = 0; d < c.Dv; ++d) num[d] += e * ((1 - u) * va[d] + u * vb[d]);
+        };
+        if (c.softmax) {
+          for (long j = lo; j < hi; ++j) add(1, s[j], val(j), val(j), 0);
+        } else {
+          add(0.5L, s[lo], val(lo), val(lo), 0);          // flat half-cell [lo-1/2, lo]
+          add(0.5L, s[hi - 1], val(hi - 1), val(hi - 1), 0);  // flat half-cell [hi-1, hi-1/2]
+          for (long j = lo; j + 1 < hi; ++j)
+            for (int pnl = 0; pnl < panels; ++pnl)
+              for (std::size_t g = 0; g < gx.size(); ++g) {
+                const ld u = (pnl + gx[g]) / panels;
+                add(gw[g] / panels, (1 - u) * s[j] + u * s[j + 1], val(j), val(j + 1), u);
+              }
+        }
+        for (std::size_t d = 0; d < c.Dv; ++d) r.o[row * c.Dv + d] = num[d] / Z;
+        r.lse[row] = m + std::log(Z);
+      }
+    }
+  return r;
+}
+
+/// Central finite-difference gradients of L = Σ dO·O: returns dq, dk, dv, dτ.
+std::vector<std::vector<ld>> fd_gradients(Case c, const std::vector<ld>& dout) {
+  auto loss = [&](const Case& cc) {
+    const Out r = reference(cc);
+    ld L = 0;
+    for (std::size_t i = 0; i < r.o.size(); ++i) L += dout[i] * r.o[i];
+    return L;
+  };
+  std::vector<std::vector<ld>> g;
+  for (std::vector<ld>* x : {&c.q, &c.k, &c.v, &c.tau}) {
+    std::vector<ld> gx(x->size());
+    for (std::size_t i = 0; i < x->size(); ++i) {
+      const ld x0 = (*x)[i], h = 1e-5L * std::max<ld>(1, std::fabs(x0));
+      (*x)[i] = x0 + h;
+      const ld lp = loss(c);
+      (*x)[i] = x0 - h;
+      const ld lm = loss(c);
+      (*x)[i] = x0;
+      gx[i] = (lp - lm) / (2 * h);
+    }
+    g.push_back(gx);
+  }
+  return g;
+}
+
+void check_close(const std::string& what, const std::vector<ld>& got, const std::vector<ld>& want,
+                 ld tol) {
+  REQUIRE(got.size() == want.size());
+  ld worst = 0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::isinf(want[i])) {
+      INFO(what << "[" << i << "] want " << double(want[i]) << " got " << double(got[i]));
+      REQUIRE(got[i] == want[i]);
+      continue;
+    }
+    const ld err = std::fabs(got[i] - want[i]) / (1 + std::fabs(want[i]));
+    if (!(err <= worst)) {
+      worst = err;
+      at = i;
+    }
+  }
+  INFO(what << ": worst scaled error " << double(worst) << " at " << at << " (tolerance "
+            << double(tol) << ")");
+  CHECK(worst <= tol);
+}
+
+std::vector<ld> uniform_values(std::size_t n, std::mt19937_64& rng) {
+  std::vector<ld> x(n);
+  for (auto& e : x) e = ld(double(rng() >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+  return x;
+}
+
+std::vector<ld> as_float(std::vector<ld> x) {
+  for (auto& e : x) e = ld(float(e));
+  return x;
+}
+
+bool no_outputs(const fs::path& dir) {
+  if (!fs::exists(dir)) return true;
+  return fs::is_empty(dir);
+}
+
+}  // namespace
+
+// -------------------------------------------------------------------- tests
+
+TEST_CASE("make-example inputs round trip: continuum, causal, tau 0.3, float64", "[cli]") {
+  const fs::path dir = scratch("make-example");
+  const Run mk = run_tool(dir, "--make-example \"" + (dir / "in").string() +
+                                   "\" --example-shape 1 2 7 9 4 --seed 7");
+  INFO(mk.err);
+  REQUIRE(mk.rc == 0);
+  const Npy q = read_npy(dir / "in/q.npy"), k = read_npy(dir / "in/k.npy"),
+            v = read_npy(dir / "in/v.npy"), g = read_npy(dir / "in/do.npy");
+  CHECK(q.shape == std::vector<std::size_t>{1, 2, 7, 4});
+  CHECK(k.shape == std::vector<std::size_t>{1, 2, 9, 4});
+  CHECK(q.descr == "<f8");
+
+  const std::string in = (dir / "in").string();
+  const Run r = run_tool(dir, "--q " + in + "/q.npy --k " + in + "/k.npy --v " + in +
+                                  "/v.npy --do " + in + "/do.npy --causal --temperature 0.3 --probs --out \"" +
+                                  (dir / "out").string() + "\"");
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  Case c;
+  c.B = 1, c.Hq = c.Hk = 2, c.Lq = 7, c.Lk = 9, c.D = c.Dv = 4;
+  c.q = q.x, c.k = k.x, c.v = v.x, c.tau = {0.3L}, c.causal = true;
+  const Out want = reference(c);
+  const Npy o = read_npy(dir / "out/o.npy"), lse = read_npy(dir / "out/lse.npy");
+  CHECK(o.shape == std::vector<std::size_t>{1, 2, 7, 4});
+  CHECK(lse.shape == std::vector<std::size_t>{1, 2, 7});
+  CHECK(o.descr == "<f8");
+  check_close("o", o.x, want.o, 1e-14L);
+  check_close("lse", lse.x, want.lse, 1e-14L);
+
+  const auto fd = fd_gradients(c, g.x);
+  const Npy dq = read_npy(dir / "out/dq.npy"), dk = read_npy(dir / "out/dk.npy"),
+            dv = read_npy(dir / "out/dv.npy"), dt = read_npy(dir / "out/dtemp.npy");
+  CHECK(dq.shape == q.shape);
+  CHECK(dk.shape == k.shape);
+  CHECK(dv.shape == v.shape);
+  CHECK(dt.shape.empty());  // a scalar temperature gets a 0-d dtemp
+  check_close("dq", dq.x, fd[0], 1e-8L);
+  check_close("dk", dk.x, fd[1], 1e-8L);
+  check_close("dv", dv.x, fd[2], 1e-8L);
+  check_close("dtemp", dt.x, fd[3], 1e-8L);
+
+  // --probs: P (the weights on the values) and π (cell masses), [B, H, Lq, Lk].
+  const Npy P = read_npy(dir / "out/p.npy"), pi = read_npy(dir / "out/pi.npy");
+  REQUIRE(P.shape == std::vector<std::size_t>{1, 2, 7, 9});
+  REQUIRE(pi.shape == P.shape);
+  std::vector<ld> pv(o.x.size(), 0), ones(14, 1), psum(14, 0), pisum(14, 0);
+  for (std::size_t h = 0; h < 2; ++h)
+    for (std::size_t i = 0; i < 7; ++i)
+      for (std::size_t j = 0; j < 9; ++j) {
+        const std::size_t row = h * 7 + i, at = row * 9 + j;
+        if (j > i + 2) {  // causal, bottom-right: row i sees keys [0, i + Lk - Lq + 1)
+          CHECK(P.x[at] == 0);
+          CHECK(pi.x[at] == 0);
+        }
+        psum[row] += P.x[at];
+        pisum[row] += pi.x[at];
+        for (std::size_t d = 0; d < 4; ++d) pv[row * 4 + d] += P.x[at] * v.x[(h * 9 + j) * 4 + d];
+      }
+  check_close("P v", pv, want.o, 1e-14L);
+  check_close("rows of P", psum, ones, 1e-14L);
+  check_close("rows of pi", pisum, ones, 1e-14L);
+}
+
+TEST_CASE("float32 inputs, GQA, per-head temperature file, sliding window", "[cli]") {
+  const bool softmax = GENERATE(false, true);
+  const fs::path dir = scratch(softmax ? "gqa-softmax" : "gqa-continuum");
+  std::mt19937_64 rng(11);
+  Case c;
+  c.B = 2, c.Hq = 4, c.Hk = 2, c.Lq = 6, c.Lk = 6, c.D = 3, c.Dv = 2;
+  c.q = as_float(uniform_values(c.B * c.Hq * c.Lq * c.D, rng));
+  c.k = as_float(uniform_values(c.B * c.Hk * c.Lk * c.D, rng));
+  c.v = as_float(uniform_values(c.B * c.Hk * c.Lk * c.Dv, rng));
+  const std::vector<ld> dout = as_float(uniform_values(c.B * c.Hq * c.Lq * c.Dv, rng));
+  c.tau = as_float({0.3L, 0.5L, 1.0L, 2.0L});
+  c.softmax = softmax;
+  c.causal = true;
+  c.window = 3;
+  write_file(dir / "q.npy", npy_bytes<float>(c.q, {c.B, c.Hq, c.Lq, c.D}));
+  write_file(dir / "k.npy", npy_bytes<float>(c.k, {c.B, c.Hk, c.Lk, c.D}));
+  write_file(dir / "v.npy", npy_bytes<float>(c.v, {c.B, c.Hk, c.Lk, c.Dv}));
+  write_file(dir / "do.npy", npy_bytes<float>(dout, {c.B, c.Hq, c.Lq, c.Dv}));
+  write_file(dir / "tau.npy", npy_bytes<float>(c.tau, {4}));
+  const std::string d = dir.string();
+  const Run r = run_tool(dir, "--q " + d + "/q.npy --k " + d + "/k.npy --v " + d + "/v.npy --do " +
+                                  d + "/do.npy --temperature " + d + "/tau.npy --causal --window 3" +
+                                  " --kernel " + (softmax ? "softmax" : "continuum") + " --out " + d +
+                                  "/out");
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  const Out want = reference(c);
+  const Npy o = read_npy(dir / "out/o.npy"), lse = read_npy(dir / "out/lse.npy");
+  CHECK(o.descr == "<f4");  // the compute type, = the inputs' type
+  check_close("o", o.x, want.o, 4e-6L);
+  check_close("lse", lse.x, want.lse, 4e-6L);
+  const auto fd = fd_gradients(c, dout);
+  const Npy dq = read_npy(dir / "out/dq.npy"), dk = read_npy(dir / "out/dk.npy"),
+            dv = read_npy(dir / "out/dv.npy"), dt = read_npy(dir / "out/dtemp.npy");
+  CHECK(dt.shape == std::vector<std::size_t>{4});
+  check_close("dq", dq.x, fd[0], 4e-6L);
+  check_close("dk", dk.x, fd[1], 4e-6L);
+  check_close("dv", dv.x, fd[2], 4e-6L);
+  check_close("dtemp", dt.x, fd[3], 4e-6L);
+}
+
+TEST_CASE("2-D inputs with explicit ranges, an empty row, per-query tau, Fortran order",
+          "[cli]") {
+  const fs::path dir = scratch("ranges");
+  std::mt19937_64 rng(5);
+  Case c;
+  c.Lq = 5, c.Lk = 7, c.D = 4, c.Dv = 3;
+  c.q = uniform_values(c.Lq * c.D, rng);
+  c.k = uniform_values(c.Lk * c.D, rng);
+  c.v = uniform_values(c.Lk * c.Dv, rng);
+  c.tau = {0.25L, 0.5L, 1.0L, 0.7L, 3.0L};
+  c.lo = {0, 2, 3, 6, 1};
+  c.hi = {7, 5, 3, 7, 2};  // row 2 is empty; rows 3 and 4 see one key
+  write_file(dir / "q.npy", npy_bytes<double>(c.q, {c.Lq, c.D}));
+  // k in Fortran order (as NumPy saves a transposed array).
+  std::vector<ld> kt(c.k.size());
+  for (std::size_t j = 0; j < c.Lk; ++j)
+    for (std::size_t d = 0; d < c.D; ++d) kt[d * c.Lk + j] = c.k[j * c.D + d];
+  {
+    std::string data(kt.size() * 8, '\0');
+    for (std::size_t i = 0; i < kt.size(); ++i) {
+      const double x = double(kt[i]);
+      std::memcpy(&data[8 * i], &x, 8);
+    }
+    write_file(dir / "k.npy", npy_raw("<f8", true, "(7, 4)", data));
+  }
+  // v with a 192-byte header (header length 182: low byte >= 0x80).
+  write_file(dir / "v.npy", npy_bytes<double>(c.v, {c.Lk, c.Dv}, 192));
+  write_file(dir / "tau.npy", npy_bytes<double>(c.tau, {c.Lq}));
+  write_file(dir / "lo.npy", npy_bytes<std::int64_t>({0, 2, 3, 6, 1}, {1, 5}));
+  write_file(dir / "hi.npy", npy_bytes<std::int64_t>({7, 5, 3, 7, 2}, {5}));
+  const std::string d = dir.string();
+  const Run r = run_tool(dir, "--q " + d + "/q.npy --k " + d + "/k.npy --v " + d +
+                                  "/v.npy --temperature " + d + "/tau.npy --ranges " + d +
+                                  "/lo.npy " + d + "/hi.npy --out-dtype float32 --out " + d + "/out");
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  const Out want = reference(c);
+  const Npy o = read_npy(dir / "out/o.npy"), lse = read_npy(dir / "out/lse.npy");
+  CHECK(o.descr == "<f4");
+  CHECK(o.shape == std::vector<std::size_t>{5, 3});
+  CHECK(lse.shape == std::vector<std::size_t>{5});
+  check_close("o", o.x, want.o, 1e-7L);  // float32 output: rounding only
+  check_close("lse", lse.x, want.lse, 1e-7L);
+  for (std::size_t d2 = 0; d2 < 3; ++d2) CHECK(o.x[2 * 3 + d2] == 0);  // empty row: exactly 0
+  CHECK(std::isinf(lse.x[2]));
+  CHECK(lse.x[2] < 0);
+  for (std::size_t d2 = 0; d2 < 3; ++d2) CHECK(o.x[3 * 3 + d2] == ld(float(c.v[6 * 3 + d2])));
+}
+
+TEST_CASE("bad input: one line naming the file, non-zero exit, no output written", "[cli]") {
+  struct Bad {
+    std::string name;
+    std::function<void(const fs::path&)> setup;  // breaks the good inputs
+    std::string extra_args;
+    std::string names;  // must appear in the message
+  };
+  const std::vector<ld> q(3 * 4, 0.5L), k(5 * 4, 0.25L), v(5 * 2, 1.0L);
+  auto good = [&](const fs::path& d) {
+    write_file(d / "q.npy", npy_bytes<double>(q, {3, 4}));
+    write_file(d / "k.npy", npy_bytes<double>(k, {5, 4}));
+    write_file(d / "v.npy", npy_bytes<double>(v, {5, 2}));
+    write_file(d / "do.npy", npy_bytes<double>(std::vector<ld>(6, 1), {3, 2}));
+  };
+  auto cut = [](const fs::path& p, std::size_t n) {
+    const std::string b = read_file(p);
+    write_file(p, b.substr(0, b.size() - n));
+  };
+  const std::vector<Bad> cases{
+      {"truncated data", [&](const fs::path& d) { cut(d / "k.npy", 3); }, "", "k.npy"},
+      {"truncated header", [&](const fs::path& d) { write_file(d / "q.npy", read_file(d / "q.npy").substr(0, 40)); }, "", "q.npy"},
+      {"bad magic", [&](const fs::path& d) { write_file(d / "v.npy", "PK\x03\x04 not numpy at all"); }, "", "v.npy"},
+      {"empty file", [&](const fs::path& d) { write_file(d / "v.npy", ""); }, "", "v.npy"},
+      {"trailing bytes", [&](const fs::path& d) { write_file(d / "q.npy", read_file(d / "q.npy") + "xx"); }, "", "q.npy"},
+      {"negative shape", [&](const fs::path& d) { write_file(d / "q.npy", npy_raw("<f8", false, "(-3, 4)", std::string(96, '\0'))); }, "", "q.npy"},
+      {"garbage shape", [&](const fs::path& d) { write_file(d / "q.npy", npy_raw("<f8", false, "(x, 4)", std::string(96, '\0'))); }, "", "q.npy"},
+      {"header over 10000 bytes", [&](const fs::path& d) { write_file(d / "q.npy", npy_raw("<f8", false, "(3, 4)", std::string(96, '\0'), 60032)); }, "", "q.npy"},
+      {"big-endian", [&](const fs::path& d) { write_file(d / "k.npy", npy_raw(">f8", false, "(5, 4)", std::string(160, '\0'))); }, "", "k.npy"},
+      {"integer query", [&](const fs::path& d) { write_file(d / "q.npy", npy_bytes<std::int64_t>(q, {3, 4})); }, "", "q.npy"},
+      {"3-D query", [&](const fs::path& d) { write_file(d / "q.npy", npy_bytes<double>(q, {1, 3, 4})); }, "", "q.npy"},
+      {"head_dim mismatch", [&](const fs::path& d) { write_file(d / "k.npy", npy_bytes<double>(std::vector<ld>(15, 0), {5, 3})); }, "", "k.npy"},
+      {"value seq_len mismatch", [&](const fs::path& d) { write_file(d / "v.npy", npy_bytes<double>(std::vector<ld>(8, 0), {4, 2})); }, "", "v.npy"},
+      {"do shape mismatch", [&](const fs::path& d) { write_file(d / "do.npy", npy_bytes<double>(std::vector<ld>(9, 0), {3, 3})); }, "--do DIR/do.npy", "do.npy"},
+      {"mixed dtypes", [&](const fs::path& d) { write_file(d / "v.npy", npy_bytes<float>(v, {5, 2})); }, "", "v.npy"},
+      {"missing file", [&](const fs::path& d) { fs::remove(d / "k.npy"); }, "", "k.npy"},
+      {"tau = 0", [](const fs::path&) {}, "--temperature 0", "--temperature"},
+      {"tau < 0", [](const fs::path&) {}, "--temperature -1", "--temperature"},
+      {"tau file with a zero", [&](const fs::path& d) { write_file(d / "tau.npy", npy_bytes<double>({1, 0, 1}, {3})); }, "--temperature DIR/tau.npy", "tau.npy"},
+      {"tau file with a NaN", [&](const fs::path& d) { write_file(d / "tau.npy", npy_bytes<double>({1, std::nanl(""), 1}, {3})); }, "--temperature DIR/tau.npy", "tau.npy"},
+      {"range beyond seq_k", [&](const fs::path& d) {
+         write_file(d / "lo.npy", npy_bytes<std::int64_t>({0, 0, 0}, {3}));
+         write_file(d / "hi.npy", npy_bytes<std::int64_t>({5, 6, 5}, {3})); }, "--ranges DIR/lo.npy DIR/hi.npy", "hi.npy"},
+      {"float ranges", [&](const fs::path& d) {
+         write_file(d / "lo.npy", npy_bytes<double>({0, 0, 0}, {3}));
+         write_file(d / "hi.npy", npy_bytes<std::int64_t>({5, 5, 5}, {3})); }, "--ranges DIR/lo.npy DIR/hi.npy", "lo.npy"},
+  };
+  for (const Bad& bad : cases) {
+    DYNAMIC_SECTION(bad.name) {
+      const fs::path dir = scratch("bad");
+      good(dir);
+      // A previous good run's outputs must survive a failed run untouched.
+      fs::create_directories(dir / "prev");
+      write_file(dir / "prev/o.npy", "previous");
+      bad.setup(dir);
+      std::string extra = bad.extra_args;
+      for (std::size_t p; (p = extra.find("DIR")) != std::string::npos;) extra.replace(p, 3, dir.string());
+      const std::string d = dir.string();
+      const std::string inputs = "--q " + d + "/q.npy --k " + d + "/k.npy --v " + d + "/v.npy " + extra;
+      const Run r = run_tool(dir, inputs + " --out " + d + "/out");
+      INFO("stderr: " << r.err);
+      CHECK(r.rc != 0);
+      CHECK(r.err.find(bad.names) != std::string::npos);
+      CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+      CHECK(no_outputs(dir / "out"));
+      const Run r2 = run_tool(dir, inputs + " --out " + d + "/prev");
+      CHECK(r2.rc != 0);
+      CHECK(read_file(dir / "prev/o.npy") == "previous");
+      CHECK(std::distance(fs::directory_iterator(dir / "prev"), fs::directory_iterator{}) == 1);
+    }
+  }
+}

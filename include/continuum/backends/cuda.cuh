@@ -1,0 +1,79 @@
+// backends/cuda.cuh — the CUDA backend, chosen at compile time (STYLE.md
+// "Backend selection at compile time"). Include it from a .cu file compiled by
+// nvcc and link the target continuum::cuda (which defines CONTINUUM_WITH_CUDA):
+//
+//   #include <continuum/backends/cuda.cuh>
+//   continuum::attention_forward(continuum::cuda, args);   // args hold device pointers
+//   continuum::attention_backward(continuum::cuda, bargs);
+//
+// Storage types: float, __half, __nv_bfloat16; accumulation in float
+// (accum_t<__half> = accum_t<__nv_bfloat16> = float, so lse, the temperature
+// and dτ are float arrays). Kernels: continuum, softmax, focal (= softmax with
+// the given temperature, SPEC §8). head_dim and value dim ≤ 256. The per-element
+// math is math/density.hpp's ContinuumStencil / SoftmaxStencil, the same
+// templates the CPU backend uses. Launches are asynchronous on the default
+// stream. Not supported here: the probs / cell_mass inspection outputs (CPU only).
+// Device-resident arrays (explicit ranges, per-head / per-query temperature)
+// are not read on the host, so their values are not validated.
+#pragma once
+
+#if !defined(__CUDACC__)
+#  error "continuum/backends/cuda.cuh must be compiled by nvcc (a .cu file)"
+#endif
+
+#include "../attention/params.hpp"
+#include "../attention/validate.hpp"
+#include "backend.hpp"
+#include "cuda/launch.cuh"
+
+namespace continuum {
+
+#if defined(CONTINUUM_WITH_CUDA)
+
+/// The CUDA implementation behind the continuum::cuda tag (the interface of
+/// attention_impl<cpu_t>: validated shape and scale in, Stencil chosen by the
+/// caller from args.kernel).
+template <>
+struct attention_impl<cuda_t> {
+  template <class T, class Stencil>
+  static void forward(const ForwardArgs<T>& args, const AttentionShape& shape, double scale) {
+    cuda_detail::forward_launch<T, Stencil>(args, shape, scale);
+  }
+  template <class T, class Stencil>
+  static void backward(const BackwardArgs<T>& args, const AttentionShape& shape, double scale) {
+    cuda_detail::backward_launch<T, Stencil>(args, shape, scale);
+  }
+};
+
+/// Forward on the GPU (SPEC §4–§5); `args` hold device pointers. Same contract
+/// as attention/forward.hpp's attention_forward, except: T is float, __half or
+/// __nv_bfloat16 (fp32 accumulation; lse and the temperature are float for the
+/// 16-bit types); head_dim, Dv ≤ 256; probs / cell_mass must be null; device
+/// arrays (per-head / per-query τ, explicit ranges) are not validated.
+/// Asynchronous on the default stream.
+/// \throws std::invalid_argument on bad shapes (host-side checks), std::runtime_error on CUDA errors.
+template <class T>
+void attention_forward(cuda_t, const ForwardArgs<T>& args) {
+  double scale = 1.0;
+  const AttentionShape shape = cuda_detail::validate_forward_device(args, &scale);
+  if (args.kernel == Kernel::continuum)
+    attention_impl<cuda_t>::forward<T, ContinuumStencil>(args, shape, scale);
+  else
+    attention_impl<cuda_t>::forward<T, SoftmaxStencil>(args, shape, scale);
+}
+
+/// Backward on the GPU (SPEC §6): dQ, dK, dV, dτ; deterministic (no atomics).
+/// Same contract and exceptions as the forward above; lse from it is required.
+template <class T>
+void attention_backward(cuda_t, const BackwardArgs<T>& args) {
+  double scale = 1.0;
+  const AttentionShape shape = cuda_detail::validate_backward_device(args, &scale);
+  if (args.kernel == Kernel::continuum)
+    attention_impl<cuda_t>::backward<T, ContinuumStencil>(args, shape, scale);
+  else
+    attention_impl<cuda_t>::backward<T, SoftmaxStencil>(args, shape, scale);
+}
+
+#endif  // CONTINUUM_WITH_CUDA
+
+}  // namespace continuum
