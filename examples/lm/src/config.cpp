@@ -61,7 +61,7 @@ Config preset(const std::string& name) {
   }
   if (name == "demo") {
     // A couple of minutes per kernel on 2 cores.
-    c.steps = 150; c.warmup_steps = 15; c.eval_every = 50; c.eval_bytes = 8192;
+    c.steps = 120; c.warmup_steps = 12; c.eval_every = 40; c.eval_bytes = 8192;
     return c;
   }
   if (name == "smoke") {
