@@ -1,0 +1,157 @@
+#include "safetensors.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+namespace lm {
+
+namespace {
+
+bool little_endian() {
+  const std::uint32_t one = 1;
+  unsigned char c;
+  std::memcpy(&c, &one, 1);
+  return c == 1;
+}
+
+[[noreturn]] void fail(const std::string& path, const std::string& why) {
+  throw std::runtime_error("checkpoint '" + path + "': " + why);
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw std::runtime_error("cannot write '" + tmp + "'");
+    out.write(text.data(), std::streamsize(text.size()));
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw std::runtime_error("error writing '" + tmp + "'");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw std::runtime_error("cannot rename '" + tmp + "' to '" + path + "'");
+  }
+}
+
+void save_safetensors(const std::string& path, const StFile& file) {
+  if (!little_endian()) throw std::runtime_error("safetensors: big-endian hosts unsupported");
+  nlohmann::json header = nlohmann::json::object();
+  if (!file.metadata.empty()) header["__metadata__"] = file.metadata;
+  std::uint64_t offset = 0;
+  for (const auto& [name, t] : file.tensors) {
+    std::uint64_t n = 1;
+    for (auto s : t.shape) n *= std::uint64_t(s);
+    if (n != t.data.size())
+      throw std::runtime_error("safetensors: tensor '" + name + "' shape/data mismatch");
+    header[name] = {{"dtype", "F32"},
+                    {"shape", t.shape},
+                    {"data_offsets", {offset, offset + 4 * n}}};
+    offset += 4 * n;
+  }
+  std::string h = header.dump();
+  while (h.size() % 8) h.push_back(' ');  // the format allows trailing spaces
+  std::string out(8, '\0');
+  const std::uint64_t hn = h.size();
+  std::memcpy(&out[0], &hn, 8);
+  out += h;
+  out.reserve(out.size() + offset);
+  for (const auto& [name, t] : file.tensors)
+    out.append(reinterpret_cast<const char*>(t.data.data()), t.data.size() * 4);
+  write_file_atomic(path, out);
+}
+
+StFile load_safetensors(const std::string& path) {
+  if (!little_endian()) throw std::runtime_error("safetensors: big-endian hosts unsupported");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, "cannot open");
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.size() < 8) fail(path, "truncated (" + std::to_string(bytes.size()) +
+                                       " bytes, the header length alone needs 8)");
+  std::uint64_t hn = 0;
+  std::memcpy(&hn, bytes.data(), 8);
+  if (hn > 100u * 1024 * 1024) fail(path, "header length " + std::to_string(hn) + " is implausible");
+  if (8 + hn > bytes.size())
+    fail(path, "truncated: header claims " + std::to_string(hn) + " bytes but the file has " +
+                   std::to_string(bytes.size() - 8) + " after the length");
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + std::ptrdiff_t(hn));
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, std::string("malformed JSON header: ") + e.what());
+  }
+  if (!header.is_object()) fail(path, "header is not a JSON object");
+  const std::uint64_t buffer = bytes.size() - 8 - hn;
+  const char* data = bytes.data() + 8 + hn;
+
+  StFile file;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const auto& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) fail(path, "__metadata__ is not an object");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string()) fail(path, "__metadata__ value '" + m.key() + "' is not a string");
+        file.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
+        !v.contains("data_offsets"))
+      fail(path, "tensor '" + name + "' lacks dtype, shape or data_offsets");
+    if (!v["dtype"].is_string() || v["dtype"].get<std::string>() != "F32")
+      fail(path, "tensor '" + name + "' has dtype " + v["dtype"].dump() + " (only F32 is supported)");
+    const auto& sh = v["shape"];
+    const auto& off = v["data_offsets"];
+    if (!sh.is_array()) fail(path, "tensor '" + name + "' shape is not an array");
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+        !off[1].is_number_unsigned())
+      fail(path, "tensor '" + name + "' data_offsets must be two non-negative integers");
+    StTensor t;
+    std::uint64_t n = 1;
+    for (const auto& d : sh) {
+      if (!d.is_number_unsigned()) fail(path, "tensor '" + name + "' has a bad dimension " + d.dump());
+      const std::uint64_t dim = d.get<std::uint64_t>();
+      if (dim != 0 && n > std::numeric_limits<std::uint64_t>::max() / 8 / dim)
+        fail(path, "tensor '" + name + "' shape overflows");
+      n *= dim;
+      t.shape.push_back(std::int64_t(dim));
+    }
+    const auto b = off[0].get<std::uint64_t>(), e = off[1].get<std::uint64_t>();
+    if (b > e || e > buffer)
+      fail(path, "tensor '" + name + "' data_offsets [" + std::to_string(b) + ", " +
+                     std::to_string(e) + ") outside the " + std::to_string(buffer) +
+                     "-byte data (file truncated?)");
+    if (e - b != 4 * n)
+      fail(path, "tensor '" + name + "' has " + std::to_string(e - b) + " bytes but its shape needs " +
+                     std::to_string(4 * n));
+    t.data.resize(n);
+    if (n) std::memcpy(t.data.data(), data + b, 4 * n);
+    ranges.emplace_back(b, e);
+    file.tensors.emplace(name, std::move(t));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  std::uint64_t at = 0;
+  for (const auto& [b, e] : ranges) {
+    if (b != at) fail(path, b < at ? "tensor byte ranges overlap" : "tensor byte ranges leave a hole");
+    at = e;
+  }
+  if (at != buffer)
+    fail(path, std::to_string(buffer - at) + " bytes after the last tensor (corrupt file)");
+  return file;
+}
+
+}  // namespace lm
