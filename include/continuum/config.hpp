@@ -38,6 +38,7 @@ namespace math {
 #if defined(CONTINUUM_DEVICE_PASS)
 template <class T> CONTINUUM_HOST_DEVICE inline T exp(T x) { return ::exp(x); }
 template <class T> CONTINUUM_HOST_DEVICE inline T expm1(T x) { return ::expm1(x); }
+template <class T> CONTINUUM_HOST_DEVICE inline T fma(T x, T y, T z) { return ::fma(x, y, z); }
 template <class T> CONTINUUM_HOST_DEVICE inline T log(T x) { return ::log(x); }
 template <class T> CONTINUUM_HOST_DEVICE inline T abs(T x) { return ::fabs(x); }
 template <class T> CONTINUUM_HOST_DEVICE inline bool isnan(T x) { return ::isnan(x); }
@@ -45,6 +46,7 @@ template <class T> CONTINUUM_HOST_DEVICE inline bool isfinite(T x) { return ::is
 #else
 using std::exp;
 using std::expm1;
+using std::fma;
 using std::log;
 using std::abs;
 using std::isnan;

@@ -14,28 +14,32 @@ namespace continuum {
 using index_t = std::int64_t;
 
 /// A strided 4-D view [batch, heads, seq, dim] over memory the caller owns.
-/// Strides are in elements; `dim` must be contiguous (stride 1). BHSD, BSHD and
-/// packed QKV layouts are all expressible without copies. A 2-D [seq, dim]
-/// tensor is batch = heads = 1.
+/// Strides are in elements and must be ≥ 0; `dim` must be contiguous:
+/// `stride_dim` exists only so that a caller copying strides from another
+/// framework states it, and the operator rejects anything but 1. BHSD, BSHD
+/// and packed QKV layouts are all expressible without copies. A 2-D
+/// [seq, dim] tensor is batch = heads = 1. Output views must not overlap
+/// themselves (each element written once) nor any input.
 template <class T>
 struct TensorView {
   T* data = nullptr;
   index_t batch = 0, heads = 0, seq = 0, dim = 0;
   index_t stride_batch = 0, stride_head = 0, stride_seq = 0;
+  index_t stride_dim = 1;  ///< must be 1 (checked)
 
   CONTINUUM_HOST_DEVICE T* row(index_t b, index_t h, index_t s) const {
     return data + b * stride_batch + h * stride_head + s * stride_seq;
   }
   /// Contiguous BHSD view.
   static TensorView bhsd(T* p, index_t b, index_t h, index_t s, index_t d) {
-    return {p, b, h, s, d, h * s * d, s * d, d};
+    return {p, b, h, s, d, h * s * d, s * d, d, 1};
   }
   /// Contiguous BSHD view (PyTorch/FlashAttention's [batch, seq, heads, dim]).
   static TensorView bshd(T* p, index_t b, index_t s, index_t h, index_t d) {
-    return {p, b, h, s, d, s * h * d, d, h * d};
+    return {p, b, h, s, d, s * h * d, d, h * d, 1};
   }
   operator TensorView<const T>() const {
-    return {data, batch, heads, seq, dim, stride_batch, stride_head, stride_seq};
+    return {data, batch, heads, seq, dim, stride_batch, stride_head, stride_seq, stride_dim};
   }
 };
 
@@ -72,7 +76,9 @@ struct ForwardArgs {
   TensorView<const T> query, key, value;
   TensorView<T> out;
   /// [B, Hq, Lq] contiguous, log Z_i in natural-log units; may be null.
-  /// Empty rows get -inf. Needed by attention_backward.
+  /// Empty rows get -inf. Computed in double and rounded once to T, so it is
+  /// ±inf when log Z_i is outside T's range (tiny τ, huge scores). The CPU
+  /// backward does not need it (it recomputes the row statistics).
   T* lse = nullptr;
   Kernel kernel = Kernel::continuum;
   Temperature<T> temperature{};
@@ -93,6 +99,9 @@ struct ForwardArgs {
 template <class T>
 struct BackwardArgs {
   TensorView<const T> query, key, value, out, grad_out;
+  /// The forward's lse; optional. The CPU backend ignores it and recomputes
+  /// each row's maximum and Z with the forward's own code (so P is the
+  /// forward's P even where lse overflowed T); other backends may use it.
   const T* lse = nullptr;
   TensorView<T> grad_query, grad_key, grad_value;
   T* grad_temperature = nullptr;

@@ -23,36 +23,47 @@ inline constexpr const char* kernel_name(Kernel k) {
   return k == Kernel::continuum ? "continuum" : k == Kernel::softmax ? "softmax" : "focal";
 }
 
-/// Continuum stencil policy (SPEC §4): α depends on the two neighbours.
+/// Continuum stencil policy (SPEC §4, §6): α depends on the two neighbours.
+/// Scores may be -∞ (then that side's segment contributes 0, see curve.hpp);
+/// a side whose neighbour is not visible is a flat half-token cell (SPEC §2).
+/// Each function is evaluated in double and rounded once to T.
 struct ContinuumStencil {
   static constexpr bool has_halo = true;
 
-  /// α_j from the (shifted) scores; has_left / has_right say whether the
-  /// neighbour is visible (else that side is a flat half-token cell).
+  /// α_j = L_j + R_j from the (shifted) scores (SPEC §4); has_left / has_right
+  /// say whether the neighbour is visible (else that side is a flat half-cell).
+  /// Equal scores give α_j = e^s (½ e^s from each side), as softmax does.
   template <class T>
   CONTINUUM_HOST_DEVICE static T weight(T left, T s, T right, bool has_left, bool has_right) {
-    const T l = has_left ? segment_weight(s, left) : half_cell_weight(s);
-    const T r = has_right ? segment_weight(s, right) : half_cell_weight(s);
-    return l + r;
+    const double x = double(s);
+    const double l = has_left ? detail::segment_weight(x, double(left)) : 0.5 * math::exp(x);
+    const double r = has_right ? detail::segment_weight(x, double(right)) : 0.5 * math::exp(x);
+    return T(l + r);
   }
-  /// ∂α_j/∂s_j.
+  /// ∂α_j/∂s_j = ∂w/∂x(s_j, s_{j-1}) + ∂w/∂x(s_j, s_{j+1}) (SPEC §6); a flat
+  /// half-cell contributes e^{s_j}/2.
   template <class T>
   CONTINUUM_HOST_DEVICE static T weight_ds(T left, T s, T right, bool has_left, bool has_right) {
-    const T l = has_left ? segment_weight_dx(s, left) : half_cell_weight(s);
-    const T r = has_right ? segment_weight_dx(s, right) : half_cell_weight(s);
-    return l + r;
+    const double x = double(s);
+    const double l = has_left ? detail::segment_weight_dx(x, double(left)) : 0.5 * math::exp(x);
+    const double r = has_right ? detail::segment_weight_dx(x, double(right)) : 0.5 * math::exp(x);
+    return T(l + r);
   }
-  /// ∂α_j/∂s_{j±1} = ∂α_{j±1}/∂s_j: the coupling across segment (s_j, s_{j±1}).
+  /// ∂α_j/∂s_{j±1} = ∂α_{j±1}/∂s_j = ∂w/∂y(s_j, s_{j±1}): the coupling across the
+  /// segment (s_j, s_{j±1}) (SPEC §6); symmetric in its two arguments. Only for
+  /// visible neighbours (a flat half-cell has no coupling).
   template <class T>
   CONTINUUM_HOST_DEVICE static T coupling(T s, T neighbour) {
     return segment_weight_dy(s, neighbour);
   }
-  /// Cell mass (unnormalised) π_j: the density integrated over token j's cell.
+  /// Cell mass (unnormalised) π_j: the density e^{s(t)} integrated over token j's
+  /// cell [j - 1/2, j + 1/2] (SPEC §5). Σ_j π_j = Σ_j α_j = Z over a row.
   template <class T>
   CONTINUUM_HOST_DEVICE static T cell_mass(T left, T s, T right, bool has_left, bool has_right) {
-    const T l = has_left ? half_segment_mass(s, left) : half_cell_weight(s);
-    const T r = has_right ? half_segment_mass(s, right) : half_cell_weight(s);
-    return l + r;
+    const double x = double(s);
+    const double l = has_left ? detail::half_segment_mass(x, double(left)) : 0.5 * math::exp(x);
+    const double r = has_right ? detail::half_segment_mass(x, double(right)) : 0.5 * math::exp(x);
+    return T(l + r);
   }
 };
 

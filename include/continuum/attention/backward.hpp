@@ -1,0 +1,50 @@
+// attention/backward.hpp — the public backward entry point (SPEC §6, §8).
+#pragma once
+
+#include "../backends/backend.hpp"
+#include "../math/density.hpp"
+#include "params.hpp"
+#include "validate.hpp"
+
+namespace continuum {
+
+/// Backward pass of attention_forward (SPEC §6): given dO, the gradients
+///   dV_j = Σ_i P_ij dO_i,  dQ_i = c_i Σ_j dS_ij k_j,  dK_j = Σ_i c_i dS_ij q_i,
+///   dτ_i = -(1/τ_i) Σ_j dS_ij s_ij,
+/// with dS the tridiagonal continuum stencil applied to dα_ij = (dP_ij − Dl_i)/Z_i,
+/// dP_ij = dO_i·v_j, Dl_i = dO_i·o_i (softmax/focal: dS_ij = P_ij (dP_ij − Dl_i)).
+/// \tparam T  float or double (storage); the CPU backend computes in double.
+/// \param args.query, key, value, temperature, scale, visibility, kernel  exactly
+///            as given to attention_forward.
+/// \param args.out       [B, Hq, Lq, Dv], the forward's output (used for Dl).
+/// \param args.grad_out  [B, Hq, Lq, Dv], dO.
+/// \param args.lse       ignored by the CPU backend (may be null): the row
+///            maximum and Z_i are recomputed with the forward's own code, so P
+///            is the forward's P even when lse overflowed T.
+/// \param[out] args.grad_query [B, Hq, Lq, D], grad_key [B, Hk, Lk, D],
+///            grad_value [B, Hk, Lk, Dv]: views like Q, K, V; a view with null
+///            data is not computed. For GQA dK/dV sum the query heads sharing a
+///            KV head. grad_temperature: the temperature's shape (1, [Hq] or
+///            [B, Hq, Lq] contiguous) or null; summed over what shares τ.
+/// \throws std::invalid_argument as attention_forward, for every argument,
+///         and when an output aliases an input or another output.
+/// \note Deterministic: bitwise identical for any thread count (query blocks
+///       own dQ, key tiles own dK/dV, fixed summation orders, no atomics).
+///       Empty rows give zero gradients. Memory O(B·Hq·Lq + tiles).
+template <class Backend, class T>
+void attention_backward(Backend, const BackwardArgs<T>& args) {
+  double scale = 1.0;
+  const AttentionShape shape = validate_backward(args, &scale);
+  if (args.kernel == Kernel::continuum)
+    attention_impl<Backend>::template backward<T, ContinuumStencil>(args, shape, scale);
+  else
+    attention_impl<Backend>::template backward<T, SoftmaxStencil>(args, shape, scale);
+}
+
+/// attention_backward on the CPU backend (include <continuum/continuum.hpp>).
+template <class T>
+void attention_backward(const BackwardArgs<T>& args) {
+  attention_backward(cpu, args);
+}
+
+}  // namespace continuum

@@ -1,0 +1,66 @@
+// attention/forward.hpp — the public forward entry point (SPEC §3–§5, §8):
+// validates the arguments and dispatches to a backend's implementation,
+// templated on the stencil policy of the chosen kernel.
+#pragma once
+
+#include "../backends/backend.hpp"
+#include "../math/density.hpp"
+#include "params.hpp"
+#include "validate.hpp"
+
+namespace continuum {
+
+/// Forward pass of attention: out_i = Σ_j P_ij v_j (SPEC §4), with
+/// P_ij = α_ij / Z_i, where α is the continuum stencil of SPEC §4 (kernel =
+/// continuum) or e^{s_ij} (softmax; focal = softmax with the temperature given,
+/// SPEC §8), s_ij = c_i · q_i·k_j, c_i = scale / τ_i.
+/// \tparam Backend  continuum::cpu_t (continuum::cuda_t with the CUDA backend).
+/// \tparam T        float or double (storage). The CPU backend computes scores,
+///                  weights and sums in double and rounds each output once.
+/// \param args.query  [B, Hq, Lq, D], args.key [B, Hk, Lk, D], args.value
+///                    [B, Hk, Lk, Dv]: strided views, dim axis contiguous;
+///                    Hq a multiple of Hk (GQA/MQA; query head h uses KV head
+///                    h / (Hq/Hk)); Lq ≠ Lk and Dv ≠ D allowed.
+/// \param[out] args.out  [B, Hq, Lq, Dv]; must not alias any input.
+/// \param[out] args.lse  [B, Hq, Lq] contiguous or null: log Z_i (natural log,
+///                    score units) = c_i·max_j(q_i·k_j) + log Σ_j α̃_ij, rounded
+///                    to T; -inf for empty rows; ±inf if log Z_i is outside T's
+///                    range (tiny τ). attention_backward does not need it.
+/// \param[out] args.probs, args.cell_mass  [B, Hq, Lq, Lk] contiguous or null:
+///                    P and the half-token cell masses π (SPEC §5), for
+///                    inspection on small inputs; invisible keys get 0.
+/// \param args.temperature  τ > 0: scalar, per query head [Hq], or per query
+///                    [B, Hq, Lq]; args.scale default 1/sqrt(D).
+/// \param args.visibility   full, causal (bottom-right), sliding window W,
+///                    explicit [B, Lq] ranges, intersected (SPEC §3).
+/// \param args.num_threads  OpenMP threads (0 = runtime default); results are
+///                    bitwise independent of it. Runs serially when called
+///                    inside an OpenMP parallel region or on small inputs.
+/// \throws std::invalid_argument naming the argument and the expected shape:
+///         shape/stride mismatch, dim stride ≠ 1, negative strides, Hq not a
+///         multiple of Hk, τ ≤ 0 or non-finite (every element), scale/τ
+///         overflowing, scale ≤ 0 or non-finite, window < 0, ranges outside
+///         [0, Lk] or lo > hi, null data with a non-empty shape, outputs
+///         aliasing inputs or each other, self-overlapping output views.
+/// \note Rows with no visible key give out = 0 and lse = -inf, never NaN.
+///       Non-finite values in Q/K/V reach only the rows that see them (a key
+///       whose weight underflows to exactly 0 contributes nothing). Memory
+///       O(B·Hq·Lq + tiles); time O(B·Hq·Lq·Lk·(D + Dv)). A KV-cache decode step
+///       (Lq = 1, causal) gives the full causal forward's row bit for bit.
+template <class Backend, class T>
+void attention_forward(Backend, const ForwardArgs<T>& args) {
+  double scale = 1.0;
+  const AttentionShape shape = validate_forward(args, &scale);
+  if (args.kernel == Kernel::continuum)
+    attention_impl<Backend>::template forward<T, ContinuumStencil>(args, shape, scale);
+  else
+    attention_impl<Backend>::template forward<T, SoftmaxStencil>(args, shape, scale);
+}
+
+/// attention_forward on the CPU backend (include <continuum/continuum.hpp>).
+template <class T>
+void attention_forward(const ForwardArgs<T>& args) {
+  attention_forward(cpu, args);
+}
+
+}  // namespace continuum

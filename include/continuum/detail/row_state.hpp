@@ -1,0 +1,275 @@
+// detail/row_state.hpp — per-row numerics shared by the CPU and CUDA
+// backends: the compute type, shifted scores, the stencil with the underflow
+// flush, and the online row maximum (FlashAttention-2's running max, SPEC §5
+// "Numerical form of the forward").
+//
+// Conventions (both backends):
+//  * raw scores r_ij = q_i · k_j are formed in compute_t<T> (double for float
+//    storage: products of floats are exact in double and |r| ≤ D·FLT_MAX² never
+//    overflows, so q = k = [1e19]×4 is fine — CASES.md W13);
+//  * the row maximum m_i is kept in raw units, and the stencil sees shifted
+//    scores s̃_ij = c_i · (r_ij − m_i) ≤ 0 with c_i = scale / τ_i. Any c_i
+//    (tiny τ, W12) then gives s̃ ∈ [−∞, 0]: −∞ is a valid, fully underflowed
+//    score, and ∞ − ∞ is never formed;
+//  * lse_i = c_i·m_i + log Σ_j α̃_ij, rounded once to the storage type (it may
+//    be ±∞ when log Z_i is outside that type's range; the backward does not
+//    read it).
+#pragma once
+
+#include <cstdint>
+
+#include "../attention/params.hpp"
+#include "../config.hpp"
+#include "../math/density.hpp"
+
+namespace continuum {
+namespace detail {
+
+/// Type in which scores, stencil weights and accumulators are computed. Both
+/// storage types compute in double: for float storage this removes score
+/// overflow (W13), keeps every stencil weight of a finite float problem a
+/// normal double (no denormals, W11; the smallest nonzero row sum is about
+/// 1/(c·Δr) ≥ 1e-122, see flush_threshold) and rounds each output once.
+template <class T> struct compute_type { using type = double; };
+template <class T> using compute_t = typename compute_type<T>::type;
+
+/// Underflow flush (W11): a key whose three stencil scores (its own and its
+/// visible neighbours', shifted by the row maximum) are all below this value
+/// gets weight exactly 0 and is skipped, so that no denormal is ever formed
+/// (exp(−700) ≈ 9.9e−305 is still normal in double; denormals start below
+/// −708.4).
+/// Why this cannot change a rounded result: every stencil weight satisfies
+/// α̃_j ≤ e^{max(s̃_{j−1}, s̃_j, s̃_{j+1})} (each segment weight is e^{max}
+/// times a moment ≤ 1/2), so the dropped mass is at most Lk·e^{−700} ≤
+/// 2^{63}·1e−304 ≈ 1e−285. The row sum is at least the maximal knot's weight,
+/// ≥ 1/2 if it has a flat half-cell and ≈ 1/δ otherwise, with δ = c·Δr the
+/// score gap to its neighbours. For float storage δ ≤ (0.5/1.4e−45)·D·2·
+/// FLT_MAX² ≈ 3e122·D, so the relative change is below 1e−160: invisible. For
+/// double storage it is invisible unless δ exceeds ~1e260 (documented limit).
+template <class C> struct flush_threshold;
+template <> struct flush_threshold<double> { static constexpr double value = -700.0; };
+template <> struct flush_threshold<float> { static constexpr float value = -87.0f; };
+
+/// Shifted score s̃ = c·(r − m) (≤ 0 when m is the row maximum).
+template <class C>
+CONTINUUM_HOST_DEVICE inline C shifted_score(C c, C r, C m) {
+  return c * (r - m);
+}
+
+/// The stencil policy with the flush applied. l, s, r are shifted scores of
+/// keys j−1, j, j+1; hl / hr say whether j−1 / j+1 are visible. A NaN score
+/// is never flushed (comparisons with NaN are false), so NaN propagates.
+template <class Stencil, class C>
+struct FlushedStencil {
+  CONTINUUM_HOST_DEVICE static bool flushed(C l, C s, C r, bool hl, bool hr) {
+    const C t = flush_threshold<C>::value;
+    if (!(s < t)) return false;
+    if (Stencil::has_halo) {
+      if (hl && !(l < t)) return false;
+      if (hr && !(r < t)) return false;
+    }
+    return true;
+  }
+  /// α̃_j, the unnormalised weight of key j relative to e^{m}.
+  CONTINUUM_HOST_DEVICE static C weight(C l, C s, C r, bool hl, bool hr) {
+    if (flushed(l, s, r, hl, hr)) return C(0);
+    return Stencil::weight(l, s, r, hl, hr);
+  }
+  /// Unnormalised half-token cell mass of key j (SPEC §5; inspection only).
+  CONTINUUM_HOST_DEVICE static C cell_mass(C l, C s, C r, bool hl, bool hr) {
+    if (flushed(l, s, r, hl, hr)) return C(0);
+    return Stencil::cell_mass(l, s, r, hl, hr);
+  }
+  /// Z̃·dS_j (SPEC §6): the tridiagonal stencil applied to g_k = dP_k − Dl:
+  ///   g_j ∂α_j/∂s_j + g_{j−1} ∂α_{j−1}/∂s_j + g_{j+1} ∂α_{j+1}/∂s_j,
+  /// absent terms (invisible neighbours) dropped. Every term is bounded by
+  /// e^{max(l, s, r)}, so the flush drops only negligible terms.
+  CONTINUUM_HOST_DEVICE static C grad_score(C l, C s, C r, bool hl, bool hr, C gl, C g, C gr) {
+    if (flushed(l, s, r, hl, hr)) return C(0);
+    C d = g * Stencil::weight_ds(l, s, r, hl, hr);
+    if (Stencil::has_halo) {
+      if (hl) d += gl * Stencil::coupling(s, l);
+      if (hr) d += gr * Stencil::coupling(s, r);
+    }
+    return d;
+  }
+};
+
+/// The stencil evaluated segment by segment (SPEC §4–§6), for the tiled
+/// backends: each segment between two visible neighbours is evaluated once
+/// and shared by its two knots, instead of once from each side.
+/// Segment t joins knot t (shifted score x) and knot t+1 (score y); with
+/// e = e^{max(x,y)}, a = −|x − y| (SPEC §5):
+///   to_left  = w(x, y)          to_right = w(y, x)        (forward weights)
+///   d_left   = ∂w(x, y)/∂x      d_right  = ∂w(y, x)/∂y    (own-score derivatives)
+///   coupling = ∂w(x, y)/∂y = ∂w(y, x)/∂x = e·κ(a)         (cross derivative)
+/// and w = ∂w/∂x + ∂w/∂y (SPEC §7.7) gives to_left = d_left + coupling,
+/// to_right = d_right + coupling: the backward needs three moments (ν2, μ2, κ)
+/// and one exp per segment for α, ∂α/∂s and the couplings together.
+/// A segment whose larger score is below the flush threshold contributes 0
+/// (each of its terms is ≤ e^{max}, see flush_threshold); -∞ scores are
+/// handled the same way; NaN gives NaN. A visible key with no visible
+/// neighbour on a side has a flat half-cell there: e^{s}/2, its own
+/// derivative, no coupling.
+template <class Stencil>
+struct SegmentStencil;
+
+template <>
+struct SegmentStencil<ContinuumStencil> {
+  static constexpr bool has_halo = true;
+  CONTINUUM_HOST_DEVICE static double half_cell(double s) {
+    return s < flush_threshold<double>::value ? 0.0 : 0.5 * math::exp(s);
+  }
+  CONTINUUM_HOST_DEVICE static void weights(double x, double y, double* to_left, double* to_right) {
+    if (x != x || y != y) {
+      *to_left = *to_right = x + y;
+      return;
+    }
+    const double m = math::max(x, y);
+    if (m < flush_threshold<double>::value) {
+      *to_left = *to_right = 0.0;
+      return;
+    }
+    const double e = math::exp(m), a = -math::abs(x - y);
+    const double near = e * nu(a), far = e * mu1(a);
+    *to_left = x >= y ? near : far;
+    *to_right = x >= y ? far : near;
+  }
+  CONTINUUM_HOST_DEVICE static void derivatives(double x, double y, double* d_left, double* d_right,
+                                                double* coupling) {
+    if (x != x || y != y) {
+      *d_left = *d_right = *coupling = x + y;
+      return;
+    }
+    const double m = math::max(x, y);
+    if (m < flush_threshold<double>::value) {
+      *d_left = *d_right = *coupling = 0.0;
+      return;
+    }
+    const double e = math::exp(m), a = -math::abs(x - y);
+    const double near = e * nu2(a), far = e * mu2(a);
+    *d_left = x >= y ? near : far;
+    *d_right = x >= y ? far : near;
+    *coupling = e * kappa(a);
+  }
+};
+
+/// Softmax (and focal): α_j = e^{s_j}; no segments.
+template <>
+struct SegmentStencil<SoftmaxStencil> {
+  static constexpr bool has_halo = false;
+  CONTINUUM_HOST_DEVICE static double weight(double s) {
+    return s < flush_threshold<double>::value ? 0.0 : math::exp(s);
+  }
+};
+
+/// Per-row stencil over the keys [ja, jb) of one tile, in segment form.
+/// sc(j) returns the shifted score of visible key j (called for j in
+/// [ja − 1, jb] ∩ [lo, hi)). Writes alpha[j − ja] = α̃_j when alpha is not null
+/// and, when g is not null, ds[j − ja] = Z̃·dS_j = Σ_k g_k ∂α̃_k/∂s_j with
+/// g(j) = dP_j − Dl (SPEC §6).
+template <class Stencil, class Score, class Grad>
+CONTINUUM_HOST_DEVICE inline void row_stencil(index_t lo, index_t hi, index_t ja, index_t jb, Score sc,
+                                              double* alpha, Grad g, double* ds) {
+  using S = SegmentStencil<Stencil>;
+  if constexpr (!S::has_halo) {
+    for (index_t j = ja; j < jb; ++j) {
+      const double w = S::weight(sc(j));
+      if (alpha) alpha[j - ja] = w;
+      if (ds) ds[j - ja] = w == 0.0 ? 0.0 : g(j) * w;
+    }
+  } else {
+    // Carried from segment (j−1, j): knot j's own derivative and the coupling.
+    double s = sc(ja);
+    double carry_d = 0.0, carry_c = 0.0, carry_w = 0.0;
+    bool has_left = ja - 1 >= lo;
+    if (has_left) {
+      const double l = sc(ja - 1);
+      if (ds) {
+        double dl, dr, cp;
+        S::derivatives(l, s, &dl, &dr, &cp);
+        carry_d = dr;
+        carry_c = cp;
+        carry_w = dr + cp;
+      } else {
+        double wl, wr;
+        S::weights(l, s, &wl, &wr);
+        carry_w = wr;
+      }
+    }
+    double g_left = (ds && has_left) ? g(ja - 1) : 0.0;
+    double g_here = ds ? g(ja) : 0.0;
+    for (index_t j = ja; j < jb; ++j) {
+      const bool has_right = j + 1 < hi;
+      const double r = has_right ? sc(j + 1) : 0.0;
+      double w_left, w_right, d_left, d_right, c_left = carry_c, c_right = 0.0;
+      double next_d = 0.0, next_c = 0.0, next_w = 0.0;
+      if (has_left) {
+        w_left = carry_w;
+        d_left = carry_d;
+      } else {
+        w_left = d_left = S::half_cell(s);
+      }
+      if (has_right) {
+        if (ds) {
+          double dl, dr, cp;
+          S::derivatives(s, r, &dl, &dr, &cp);
+          d_right = dl;
+          c_right = cp;
+          w_right = dl + cp;
+          next_d = dr;
+          next_c = cp;
+          next_w = dr + cp;
+        } else {
+          double wl, wr;
+          S::weights(s, r, &wl, &wr);
+          w_right = wl;
+          d_right = 0.0;
+          next_w = wr;
+        }
+      } else {
+        w_right = d_right = S::half_cell(s);
+      }
+      if (alpha) alpha[j - ja] = w_left + w_right;
+      const double g_right = (ds && has_right) ? g(j + 1) : 0.0;
+      if (ds) {
+        double d = 0.0;
+        const double own = d_left + d_right;
+        if (own != 0.0) d = g_here * own;
+        if (has_left && c_left != 0.0) d += g_left * c_left;
+        if (has_right && c_right != 0.0) d += g_right * c_right;
+        ds[j - ja] = d;
+      }
+      // advance
+      has_left = true;
+      carry_w = next_w;
+      carry_d = next_d;
+      carry_c = next_c;
+      g_left = g_here;
+      g_here = g_right;
+      s = r;
+      if (!has_right) break;
+    }
+  }
+}
+
+/// Online row state: running raw maximum m and Σ α̃ relative to e^{c·m}.
+template <class C>
+struct OnlineRow {
+  C m = -__builtin_huge_val();
+  C sum = C(0);
+  /// Raise the maximum to tile_max (raw units) if larger; returns the factor
+  /// by which accumulators relative to the old maximum must be multiplied (1
+  /// when unchanged, 0 when nothing was accumulated yet). NaN is ignored here
+  /// (it reaches the output through the weights instead).
+  CONTINUUM_HOST_DEVICE C raise(C tile_max, C c) {
+    if (!(tile_max > m)) return C(1);
+    const C f = (m == -__builtin_huge_val()) ? C(0) : math::exp(c * (m - tile_max));
+    m = tile_max;
+    sum *= f;
+    return f;
+  }
+};
+
+}  // namespace detail
+}  // namespace continuum

@@ -1,0 +1,494 @@
+// tests/operator/harness.hpp — shared helpers for the operator, property and
+// bug-case tests: owning strided tensors, one attention "case" that builds the
+// operator's arguments, runs it, and builds the reference problem from the very
+// same (rounded) inputs; error measures; a record of the max errors seen.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <mpreal.h>
+
+#include <continuum/continuum.hpp>
+#include <continuum/attention/reference.hpp>
+
+namespace harness {
+
+using continuum::index_t;
+using mp = mpfr::mpreal;
+
+/// 256-bit MPFR for every mpreal created after this (≥ 200 bits, brief).
+inline void use_mp_precision() { mp::set_default_prec(256); }
+
+template <class T>
+constexpr double eps() {
+  return static_cast<double>(std::numeric_limits<T>::epsilon());
+}
+template <class T>
+const char* type_name() {
+  return sizeof(T) == sizeof(float) ? "float" : "double";
+}
+
+/// An owning [B, H, S, D] tensor, BHSD or BSHD, with `pad` extra elements at
+/// the end of every row (stride_seq = D + pad for BHSD); padding holds NaN.
+template <class T>
+struct Tensor {
+  std::vector<T> buf;
+  continuum::TensorView<T> view{};
+  Tensor() = default;
+  Tensor(index_t b, index_t h, index_t s, index_t d, bool bshd = false, index_t pad = 0) {
+    const index_t row = d + pad;
+    // exact size (so AddressSanitizer sees any overrun); capacity ≥ 1 keeps
+    // data() non-null for empty tensors.
+    buf.reserve(static_cast<std::size_t>(std::max<index_t>(1, b * h * s * row)));
+    buf.assign(static_cast<std::size_t>(b * h * s * row), std::numeric_limits<T>::quiet_NaN());
+    view.data = buf.data();
+    view.batch = b;
+    view.heads = h;
+    view.seq = s;
+    view.dim = d;
+    if (bshd) {
+      view.stride_seq = h * row;
+      view.stride_head = row;
+      view.stride_batch = s * h * row;
+    } else {
+      view.stride_seq = row;
+      view.stride_head = s * row;
+      view.stride_batch = h * s * row;
+    }
+  }
+  Tensor(const Tensor& o) : buf(o.buf), view(o.view) { view.data = buf.data(); }
+  Tensor& operator=(const Tensor& o) {
+    buf = o.buf;
+    view = o.view;
+    view.data = buf.data();
+    return *this;
+  }
+  Tensor(Tensor&& o) noexcept : buf(std::move(o.buf)), view(o.view) { view.data = buf.data(); }
+  Tensor& operator=(Tensor&& o) noexcept {
+    buf = std::move(o.buf);
+    view = o.view;
+    view.data = buf.data();
+    return *this;
+  }
+  T& at(index_t b, index_t h, index_t s, index_t d) { return view.row(b, h, s)[d]; }
+  T at(index_t b, index_t h, index_t s, index_t d) const { return view.row(b, h, s)[d]; }
+  continuum::TensorView<const T> cview() const { return view; }
+  /// Set every logical element to 0 (padding keeps its NaN).
+  void zero() {
+    for_each([](T& x) { x = T(0); });
+  }
+  template <class F>
+  void for_each(F f) {
+    for (index_t b = 0; b < view.batch; ++b)
+      for (index_t h = 0; h < view.heads; ++h)
+        for (index_t s = 0; s < view.seq; ++s)
+          for (index_t d = 0; d < view.dim; ++d) f(at(b, h, s, d));
+  }
+  /// True when every padding element is still NaN.
+  bool padding_untouched() const {
+    std::vector<char> logical(buf.size(), 0);
+    for (index_t b = 0; b < view.batch; ++b)
+      for (index_t h = 0; h < view.heads; ++h)
+        for (index_t s = 0; s < view.seq; ++s)
+          for (index_t d = 0; d < view.dim; ++d)
+            logical[static_cast<std::size_t>(view.row(b, h, s) + d - buf.data())] = 1;
+    for (std::size_t i = 0; i < buf.size(); ++i)
+      if (!logical[i] && !std::isnan(buf[i])) return false;
+    return true;
+  }
+  /// Logical elements in BHSD order.
+  std::vector<T> contiguous() const {
+    std::vector<T> out;
+    for (index_t b = 0; b < view.batch; ++b)
+      for (index_t h = 0; h < view.heads; ++h)
+        for (index_t s = 0; s < view.seq; ++s)
+          for (index_t d = 0; d < view.dim; ++d) out.push_back(at(b, h, s, d));
+    return out;
+  }
+};
+
+/// One operator call: its inputs, outputs and the matching reference problem.
+template <class T>
+struct Case {
+  index_t B = 1, Hq = 1, Hk = 1, Lq = 4, Lk = 4, D = 4, Dv = -1;
+  bool bshd = false;
+  index_t pad = 0;
+  continuum::Kernel kernel = continuum::Kernel::continuum;
+  continuum::Visibility vis{};
+  std::vector<index_t> range_lo, range_hi;  // [B, Lq] or empty
+  continuum::TemperatureShape tshape = continuum::TemperatureShape::scalar;
+  T tau = T(1);
+  std::vector<T> taus;  // [Hq] or [B, Hq, Lq]
+  std::optional<double> scale{};
+  int threads = 0;
+  bool want_maps = false;  // request probs and cell_mass
+
+  Tensor<T> q, k, v, o, dout, dq, dk, dv;
+  std::vector<T> lse, probs, cell, dtau;
+
+  index_t dv_dim() const { return Dv < 0 ? D : Dv; }
+
+  /// Allocates every tensor (outputs NaN-filled) after the sizes are set.
+  void alloc() {
+    q = Tensor<T>(B, Hq, Lq, D, bshd, pad);
+    k = Tensor<T>(B, Hk, Lk, D, bshd, pad);
+    v = Tensor<T>(B, Hk, Lk, dv_dim(), bshd, pad);
+    o = Tensor<T>(B, Hq, Lq, dv_dim(), bshd, pad);
+    dout = Tensor<T>(B, Hq, Lq, dv_dim(), bshd, pad);
+    dq = Tensor<T>(B, Hq, Lq, D, bshd, pad);
+    dk = Tensor<T>(B, Hk, Lk, D, bshd, pad);
+    dv = Tensor<T>(B, Hk, Lk, dv_dim(), bshd, pad);
+    lse.reserve(1);
+    lse.assign(static_cast<std::size_t>(B * Hq * Lq), std::numeric_limits<T>::quiet_NaN());
+    if (want_maps) {
+      probs.reserve(1);
+      cell.reserve(1);
+      probs.assign(static_cast<std::size_t>(B * Hq * Lq * Lk), std::numeric_limits<T>::quiet_NaN());
+      cell.assign(probs.size(), std::numeric_limits<T>::quiet_NaN());
+    }
+    if (tshape == continuum::TemperatureShape::per_head && taus.size() != std::size_t(Hq))
+      taus.assign(static_cast<std::size_t>(Hq), tau);
+    if (tshape == continuum::TemperatureShape::per_query && taus.size() != std::size_t(B * Hq * Lq))
+      taus.assign(static_cast<std::size_t>(B * Hq * Lq), tau);
+    dtau.assign(tshape == continuum::TemperatureShape::scalar ? 1 : taus.size(),
+                std::numeric_limits<T>::quiet_NaN());
+  }
+
+  template <class Rng>
+  void fill_uniform(Rng& rng, double lo = -1, double hi = 1) {
+    std::uniform_real_distribution<double> u(lo, hi);
+    auto f = [&](T& x) { x = static_cast<T>(u(rng)); };
+    q.for_each(f);
+    k.for_each(f);
+    v.for_each(f);
+    dout.for_each(f);
+  }
+
+  continuum::Temperature<T> temperature() const {
+    continuum::Temperature<T> t;
+    t.shape = tshape;
+    t.value = tau;
+    t.data = taus.empty() ? nullptr : taus.data();
+    return t;
+  }
+  continuum::Visibility visibility() const {
+    continuum::Visibility vv = vis;
+    if (!range_lo.empty()) {
+      vv.range_lo = range_lo.data();
+      vv.range_hi = range_hi.data();
+    }
+    return vv;
+  }
+
+  continuum::ForwardArgs<T> forward_args() {
+    continuum::ForwardArgs<T> a;
+    a.query = q.cview();
+    a.key = k.cview();
+    a.value = v.cview();
+    a.out = o.view;
+    a.lse = lse.data();
+    a.kernel = kernel;
+    a.temperature = temperature();
+    a.scale = scale;
+    a.visibility = visibility();
+    a.probs = want_maps ? probs.data() : nullptr;
+    a.cell_mass = want_maps ? cell.data() : nullptr;
+    a.num_threads = threads;
+    return a;
+  }
+  continuum::BackwardArgs<T> backward_args() {
+    continuum::BackwardArgs<T> a;
+    a.query = q.cview();
+    a.key = k.cview();
+    a.value = v.cview();
+    a.out = o.cview();
+    a.grad_out = dout.cview();
+    a.lse = lse.data();
+    a.grad_query = dq.view;
+    a.grad_key = dk.view;
+    a.grad_value = dv.view;
+    a.grad_temperature = dtau.data();
+    a.kernel = kernel;
+    a.temperature = temperature();
+    a.scale = scale;
+    a.visibility = visibility();
+    a.num_threads = threads;
+    return a;
+  }
+  void forward() { continuum::attention_forward(continuum::cpu, forward_args()); }
+  void backward() { continuum::attention_backward(continuum::cpu, backward_args()); }
+
+  template <class R>
+  continuum::reference::Problem<R> problem() {
+    return continuum::reference::from_args<R>(forward_args());
+  }
+  template <class R>
+  std::vector<R> grad_out_ref() const {
+    std::vector<R> g;
+    for (T x : dout.contiguous()) g.push_back(continuum::reference::exact<R>(x));
+    return g;
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Errors.
+
+template <class R>
+long double to_ld(const R& x) {
+  return static_cast<long double>(x);
+}
+
+/// max |a - b| and max |b| over two sequences (b the reference). A non-finite
+/// value where the other side differs counts as an infinite error; equal
+/// infinities (lse = -inf) count as 0.
+struct Error {
+  double max_abs = 0;   ///< max |op - ref|
+  double ref_scale = 0; ///< max |ref| over finite entries
+  std::size_t worst = 0;
+  double rel() const { return ref_scale > 0 ? max_abs / ref_scale : max_abs; }
+};
+
+template <class T, class R>
+Error compare(const std::vector<T>& op, const std::vector<R>& ref) {
+  Error e;
+  const std::size_t n = std::min(op.size(), ref.size());
+  if (op.size() != ref.size()) e.max_abs = std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < n; ++i) {
+    const long double r = to_ld(ref[i]);
+    const long double a = static_cast<long double>(op[i]);
+    if (std::isfinite(r)) e.ref_scale = std::max(e.ref_scale, static_cast<double>(std::fabs(r)));
+    double d;
+    if (std::isnan(a) || std::isnan(r)) d = (std::isnan(a) && std::isnan(r)) ? 0.0 : INFINITY;
+    else if (!std::isfinite(a) || !std::isfinite(r)) d = (a == r) ? 0.0 : INFINITY;
+    else d = static_cast<double>(std::fabs(a - r));
+    if (d > e.max_abs || (std::isinf(d) && !std::isinf(e.max_abs))) {
+      e.max_abs = d;
+      e.worst = i;
+    }
+  }
+  return e;
+}
+
+/// The largest relative error seen per label, printed when the test program
+/// exits (the figures of the report).
+struct ErrorLog {
+  std::map<std::string, double> worst;
+  ~ErrorLog() {
+    for (const auto& kv : worst) std::printf("[max-error] %-40s %.3e\n", kv.first.c_str(), kv.second);
+  }
+};
+inline ErrorLog& error_log() {
+  static ErrorLog log;
+  return log;
+}
+inline void record(const std::string& label, double rel) {
+  double& w = error_log().worst[label];
+  if (rel > w || std::isnan(rel)) w = rel;
+}
+
+/// Max |s| over the visible scores of a reference forward (for tolerances).
+template <class R>
+double max_abs_score(const continuum::reference::Problem<R>& p) {
+  double m = 0;
+  for (index_t b = 0; b < p.batch; ++b)
+    for (index_t h = 0; h < p.heads_q; ++h)
+      for (index_t i = 0; i < p.len_q; ++i) {
+        const auto r = continuum::reference::forward_row(p, b, h, i);
+        for (const R& s : r.score) m = std::max(m, static_cast<double>(std::fabs(to_ld(s))));
+      }
+  return m;
+}
+
+/// Forward tolerance, relative to the output's max-abs (and absolute for lse).
+///
+/// Derivation. The operator rounds (a) c = scale/τ (relative ε) and (b) each
+/// dot product q·k of D terms (error ≤ γ_D Σ|q_d k_d|, typically ~ε√D·|q||k|),
+/// so each computed score carries |δs_j| ≲ ε (|s_j| + c|q||k|) √D ≤ 2ε√D(1 +
+/// max|s|) for the inputs we draw (|q_d|,|k_d| of one size). A perturbation
+/// δs moves P by at most Σ_j |∂P/∂s_j| |δs_j| ≤ 4 max|δs| (each α_j depends
+/// on three scores with |∂α/∂s| ≤ α, and the normalisation doubles it), hence
+/// δo ≤ 4 max|δs| · max|v|, and lse moves by ≤ max|δs|. The remaining
+/// arithmetic (moments to a few ulp, sums of Lk terms with positive weights)
+/// adds O(ε) relative. With max|v| ≈ max|o| for the inputs used, the bound is
+///   err / max|o| ≤ C ε (1 + max|s|) √D,
+/// C = 16 (4 from ∂P/∂s, 2 from the score bound, 2 for the accumulations).
+/// The tolerance is the larger of this bound and the brief's fixed figures for
+/// O(1) scores (1e-13 double, 2e-6 float): the fixed figures govern O(1)
+/// scores, the conditioning term governs large ones (|s| ≳ 40 in double).
+template <class T>
+double forward_tolerance(double max_score, index_t D) {
+  const double fixed = sizeof(T) == sizeof(float) ? 2e-6 : 1e-13;
+  const double cond = 16.0 * eps<T>() * (1.0 + max_score) * std::sqrt(static_cast<double>(D));
+  return std::max(fixed, cond);
+}
+
+inline std::mt19937_64 rng_for(std::uint64_t salt) { return std::mt19937_64(0x5eedc0ffee ^ salt); }
+
+}  // namespace harness
+
+namespace harness {
+
+/// Backward tolerance relative to each gradient's max-abs. Double: the brief's
+/// 1e-12 for O(1) scores. Float: 2e-5: the backward chains three roundings
+/// more than the forward (dP - Dl, the stencil of dS, the sums over Lk for dK,
+/// dV and dτ), each amplifying the forward's ~2e-6 by ≤ 3 (dα = (dP - Dl)/Z
+/// cancels when attention is peaked); 10 × the forward's figure. For larger
+/// scores the conditioning term of forward_tolerance applies squared in
+/// (1 + max|s|), since dτ carries an extra factor s (dτ = -Σ dS s / τ).
+template <class T>
+double backward_tolerance(double max_score, index_t D) {
+  const double fixed = sizeof(T) == sizeof(float) ? 2e-5 : 1e-12;
+  const double cond =
+      64.0 * eps<T>() * (1.0 + max_score) * (1.0 + max_score) * std::sqrt(static_cast<double>(D));
+  return std::max(fixed, cond);
+}
+
+template <class R>
+double max_abs(const std::vector<R>& v) {
+  double m = 0;
+  for (const R& x : v) {
+    const double d = static_cast<double>(std::fabs(to_ld(x)));
+    if (std::isfinite(d)) m = std::max(m, d);
+  }
+  return m;
+}
+
+struct ForwardCheck {
+  Error out, lse, probs, cell;
+  double tol = 0, max_score = 0;
+};
+
+/// Runs the operator forward on c and compares out, lse (and P, π when
+/// c.want_maps) with the reference in R fed the same inputs. Records the
+/// relative errors under `label`.
+template <class R, class T>
+ForwardCheck check_forward(Case<T>& c, const std::string& label) {
+  c.forward();
+  const auto p = c.template problem<R>();
+  const auto f = continuum::reference::forward(p);
+  ForwardCheck r;
+  r.max_score = max_abs(f.scores);
+  r.tol = forward_tolerance<T>(r.max_score, c.D);
+  r.out = compare(c.o.contiguous(), f.out);
+  r.lse = compare(c.lse, f.lse);
+  INFO("forward " << label << " " << type_name<T>() << " B=" << c.B << " Hq=" << c.Hq << " Hk=" << c.Hk
+                  << " Lq=" << c.Lq << " Lk=" << c.Lk << " D=" << c.D << " Dv=" << c.dv_dim()
+                  << " causal=" << c.vis.causal << " W=" << c.vis.window << " max|s|=" << r.max_score
+                  << " tol=" << r.tol);
+  INFO("out: max abs err " << r.out.max_abs << " at " << r.out.worst << " (ref max-abs " << r.out.ref_scale
+                           << "); lse: max abs err " << r.lse.max_abs << " at " << r.lse.worst);
+  record("forward out " + label + " " + type_name<T>(), r.out.rel());
+  record("forward lse(abs) " + label + " " + type_name<T>(), r.lse.max_abs / std::max(1.0, r.lse.ref_scale));
+  CHECK(r.out.max_abs <= r.tol * std::max(r.out.ref_scale, 1e-300));
+  CHECK(r.lse.max_abs <= r.tol * std::max(1.0, r.lse.ref_scale));
+  CHECK(c.o.padding_untouched());
+  if (c.want_maps) {
+    r.probs = compare(c.probs, f.probs);
+    r.cell = compare(c.cell, f.cell);
+    INFO("P: max abs err " << r.probs.max_abs << " at " << r.probs.worst << "; pi: " << r.cell.max_abs
+                           << " at " << r.cell.worst);
+    record("forward P(abs) " + label + " " + type_name<T>(), r.probs.max_abs);
+    record("forward pi(abs) " + label + " " + type_name<T>(), r.cell.max_abs);
+    CHECK(r.probs.max_abs <= r.tol);
+    CHECK(r.cell.max_abs <= r.tol);
+  }
+  return r;
+}
+
+struct BackwardCheck {
+  Error dq, dk, dv, dtau;
+  double tol = 0, max_score = 0;
+};
+
+/// Runs the operator's forward then backward on c (loss Σ dO∘O with c.dout)
+/// and compares dQ, dK, dV, dτ with the reference in R.
+template <class R, class T>
+BackwardCheck check_backward(Case<T>& c, const std::string& label) {
+  c.forward();
+  c.backward();
+  const auto p = c.template problem<R>();
+  const auto g = continuum::reference::backward(p, c.template grad_out_ref<R>());
+  const auto f = continuum::reference::forward(p);
+  BackwardCheck r;
+  r.max_score = max_abs(f.scores);
+  r.tol = backward_tolerance<T>(r.max_score, c.D);
+  r.dq = compare(c.dq.contiguous(), g.grad_query);
+  r.dk = compare(c.dk.contiguous(), g.grad_key);
+  r.dv = compare(c.dv.contiguous(), g.grad_value);
+  r.dtau = compare(c.dtau, g.grad_temperature);
+  // A gradient that cancels to ~0 (e.g. dQ and dτ when every score in a row
+  // is equal: Σ_j dS_ij = 0) has no meaningful max-abs; its rounding error is
+  // relative to the sum of |terms|. So the scale is max(max|ref|, term scale):
+  //   dQ: c_max · max_i Σ_j |dS_ij| · max|k|,  dK: c_max · max_j Σ_i |dS_ij| · max|q|,
+  //   dτ: max_i Σ_j |dS_ij s_ij| / τ_min.
+  {
+    double cmax = 0, tmin = 1e300, qmax = max_abs(p.query), kmax = max_abs(p.key);
+    for (const R& t : p.temperature) tmin = std::min(tmin, static_cast<double>(to_ld(t)));
+    cmax = static_cast<double>(to_ld(p.scale)) / tmin;
+    const std::size_t Lk = static_cast<std::size_t>(p.len_k);
+    const std::size_t rows = g.grad_scores.size() / std::max<std::size_t>(Lk, 1);
+    double row_ds = 0, row_dss = 0;
+    std::vector<double> col_ds(static_cast<std::size_t>(p.batch * p.heads_kv) * Lk, 0.0);
+    for (std::size_t ri = 0; ri < rows; ++ri) {
+      double a = 0, b2 = 0;
+      const std::size_t bh = ri / static_cast<std::size_t>(p.len_q);
+      const std::size_t bb = bh / static_cast<std::size_t>(p.heads_q), hh = bh % static_cast<std::size_t>(p.heads_q);
+      const std::size_t kvrow = bb * static_cast<std::size_t>(p.heads_kv) + static_cast<std::size_t>(p.kv_head(static_cast<index_t>(hh)));
+      for (std::size_t j = 0; j < Lk; ++j) {
+        const double ds = std::fabs(static_cast<double>(to_ld(g.grad_scores[ri * Lk + j])));
+        a += ds;
+        b2 += ds * std::fabs(static_cast<double>(to_ld(f.scores[ri * Lk + j])));
+        col_ds[kvrow * Lk + j] += ds;
+      }
+      row_ds = std::max(row_ds, a);
+      row_dss = std::max(row_dss, b2);
+    }
+    double col = 0;
+    for (double x : col_ds) col = std::max(col, x);
+    r.dq.ref_scale = std::max(r.dq.ref_scale, cmax * row_ds * kmax);
+    r.dk.ref_scale = std::max(r.dk.ref_scale, cmax * col * qmax);
+    r.dtau.ref_scale = std::max(r.dtau.ref_scale, row_dss / tmin);
+  }
+  INFO("backward " << label << " " << type_name<T>() << " B=" << c.B << " Hq=" << c.Hq << " Hk=" << c.Hk
+                   << " Lq=" << c.Lq << " Lk=" << c.Lk << " D=" << c.D << " Dv=" << c.dv_dim()
+                   << " causal=" << c.vis.causal << " W=" << c.vis.window
+                   << " tshape=" << static_cast<int>(c.tshape) << " bshd=" << c.bshd
+                   << " max|s|=" << r.max_score << " tol=" << r.tol);
+  INFO("dQ " << r.dq.max_abs << "/" << r.dq.ref_scale << " at " << r.dq.worst << "; dK " << r.dk.max_abs << "/"
+             << r.dk.ref_scale << " at " << r.dk.worst << "; dV " << r.dv.max_abs << "/" << r.dv.ref_scale
+             << " at " << r.dv.worst << "; dtau " << r.dtau.max_abs << "/" << r.dtau.ref_scale << " at "
+             << r.dtau.worst);
+  const std::string t = type_name<T>();
+  record("backward dQ " + label + " " + t, r.dq.rel());
+  record("backward dK " + label + " " + t, r.dk.rel());
+  record("backward dV " + label + " " + t, r.dv.rel());
+  record("backward dtau " + label + " " + t, r.dtau.rel());
+  auto ok = [&](const Error& e) { return e.max_abs <= r.tol * std::max(e.ref_scale, 1e-300); };
+  CHECK(ok(r.dq));
+  CHECK(ok(r.dk));
+  CHECK(ok(r.dv));
+  CHECK(ok(r.dtau));
+  CHECK(c.dq.padding_untouched());
+  CHECK(c.dk.padding_untouched());
+  CHECK(c.dv.padding_untouched());
+  return r;
+}
+
+/// Sets up a case's visibility from a small code: 0 full, 1 causal, 2/3/4
+/// causal with window 1/2/5, 5 non-causal window 2.
+inline continuum::Visibility visibility_code(int code) {
+  continuum::Visibility v;
+  v.causal = code >= 1 && code <= 4;
+  v.window = code == 2 ? 1 : code == 3 ? 2 : code == 4 ? 5 : code == 5 ? 2 : 0;
+  return v;
+}
+
+}  // namespace harness
