@@ -27,8 +27,10 @@
 // unless the name says otherwise. Wall-clock time (UseRealTime) since the
 // operator runs OpenMP threads.
 //
-// Extra mode: `bench_attention --memory_probe N D` runs one continuum forward
-// and one backward at batch 1, 8 heads, Lq = Lk = N, head_dim D, 2 threads, and
+// Extra mode: `bench_attention --memory_probe N D [float_arithmetic]` runs one
+// causal continuum forward and one backward at batch 1, 8 heads, Lq = Lk = N,
+// head_dim D, 2 threads (float storage; double arithmetic unless the fourth
+// argument says float_arithmetic), and
 // prints the peak-RSS growth (getrusage) beyond the allocated tensors, in MiB,
 // as JSON on stdout.
 #include <benchmark/benchmark.h>
@@ -234,7 +236,7 @@ void set_counters(benchmark::State& st, double flops, double bytes, int threads)
 // The operator.
 // ---------------------------------------------------------------------------
 template <class T>
-void BM_attention(benchmark::State& st, continuum::Kernel kernel, Vis vis, bool backward) {
+void BM_attention(benchmark::State& st, continuum::Kernel kernel, Vis vis, bool backward, bool float_arith) {
   const long n = st.range(0);
   const long d = st.range(1);
   const int threads = int(st.range(2));
@@ -253,6 +255,7 @@ void BM_attention(benchmark::State& st, continuum::Kernel kernel, Vis vis, bool 
   if (kernel == continuum::Kernel::focal) fa.temperature.value = T(0.4);
   fa.visibility = make_visibility(vis);
   fa.num_threads = threads;
+  fa.float_arithmetic = float_arith;
 
   continuum::BackwardArgs<T> ba;
   if (backward) {
@@ -269,6 +272,7 @@ void BM_attention(benchmark::State& st, continuum::Kernel kernel, Vis vis, bool 
     ba.temperature = fa.temperature;
     ba.visibility = fa.visibility;
     ba.num_threads = threads;
+    ba.float_arithmetic = float_arith;
   }
 
   continuum::attention_forward(continuum::cpu, fa);  // warm-up
@@ -364,31 +368,35 @@ void register_all() {
   }
   shape(benchmark::RegisterBenchmark("eigen_gemm/f64", BM_eigen<double>, false), N, D, 2);
 
-  // The operator: every kernel × visibility × {fwd, fwd+bwd}, f32, 2 threads;
-  // thread scaling (1 thread) for continuum and softmax, full, fwd and fwd+bwd.
-  for (bool bwd : {false, true})
-    for (Kernel k : kernels)
-      for (Vis v : visibilities)
-        for (int th : {2, 1}) {
-          if (th == 1 && (k == Kernel::focal || v != Vis::full)) continue;
-          const std::string name = std::string("attention/") + continuum::kernel_name(k) + "/" +
-                                   vis_name(v) + (bwd ? "/fwdbwd" : "/fwd") + "/f32";
-          shape(benchmark::RegisterBenchmark(name.c_str(), BM_attention<float>, k, v, bwd), N, D, th);
-        }
+  // The operator: every kernel × visibility × {fwd, fwd+bwd}, 2 threads, float
+  // storage with the default double arithmetic ("f32") and with
+  // float_arithmetic = true ("f32fa"); thread scaling (1 thread) for continuum
+  // and softmax, full.
+  for (bool fa : {false, true})
+    for (bool bwd : {false, true})
+      for (Kernel k : kernels)
+        for (Vis v : visibilities)
+          for (int th : {2, 1}) {
+            if (th == 1 && (k == Kernel::focal || v != Vis::full)) continue;
+            const std::string name = std::string("attention/") + continuum::kernel_name(k) + "/" + vis_name(v) +
+                                     (bwd ? "/fwdbwd" : "/fwd") + (fa ? "/f32fa" : "/f32");
+            shape(benchmark::RegisterBenchmark(name.c_str(), BM_attention<float>, k, v, bwd, fa), N, D, th);
+          }
   // f64: continuum and softmax, full and causal, 2 threads.
   for (bool bwd : {false, true})
     for (Kernel k : {Kernel::continuum, Kernel::softmax})
       for (Vis v : {Vis::full, Vis::causal}) {
         const std::string name = std::string("attention/") + continuum::kernel_name(k) + "/" +
                                  vis_name(v) + (bwd ? "/fwdbwd" : "/fwd") + "/f64";
-        shape(benchmark::RegisterBenchmark(name.c_str(), BM_attention<double>, k, v, bwd), N, D, 2);
+        shape(benchmark::RegisterBenchmark(name.c_str(), BM_attention<double>, k, v, bwd, false), N, D, 2);
       }
-  // Sequence scaling: continuum forward, full, f32, 2 threads (2048 is above).
-  for (long n : {256L, 512L, 1024L, 4096L, 8192L, 16384L}) {
-    const std::string name = "seqscale/continuum/full/fwd/f32";
-    shape(benchmark::RegisterBenchmark(name.c_str(), BM_attention<float>, Kernel::continuum, Vis::full, false), n,
-          D, 2);
-  }
+  // Sequence scaling: continuum forward, full, 2 threads (2048 is above).
+  for (bool fa : {false, true})
+    for (long n : {256L, 512L, 1024L, 4096L, 8192L, 16384L}) {
+      const std::string name = std::string("seqscale/continuum/full/fwd/") + (fa ? "f32fa" : "f32");
+      shape(benchmark::RegisterBenchmark(name.c_str(), BM_attention<float>, Kernel::continuum, Vis::full, false, fa),
+            n, D, 2);
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -400,7 +408,7 @@ long peak_rss_kib() {
   return ru.ru_maxrss;  // KiB on Linux
 }
 
-int memory_probe(long n, long d) {
+int memory_probe(long n, long d, bool float_arith) {
   Problem<float> p(n, d, true);  // allocates and touches every tensor
   const long before = peak_rss_kib();
   continuum::ForwardArgs<float> fa;
@@ -411,6 +419,7 @@ int memory_probe(long n, long d) {
   fa.lse = p.lse.data();
   fa.visibility.causal = true;
   fa.num_threads = 2;
+  fa.float_arithmetic = float_arith;
   const auto t0 = std::chrono::steady_clock::now();
   continuum::attention_forward(continuum::cpu, fa);
   const auto t1 = std::chrono::steady_clock::now();
@@ -427,6 +436,7 @@ int memory_probe(long n, long d) {
   ba.grad_value = p.view(p.dv);
   ba.visibility = fa.visibility;
   ba.num_threads = 2;
+  ba.float_arithmetic = float_arith;
   continuum::attention_backward(continuum::cpu, ba);
   const auto t2 = std::chrono::steady_clock::now();
   const long after_bwd = peak_rss_kib();
@@ -434,10 +444,11 @@ int memory_probe(long n, long d) {
   for (float x : p.o) finite = finite && std::isfinite(x);
   for (float x : p.dq) finite = finite && std::isfinite(x);
   std::printf(
-      "{\"n\": %ld, \"d\": %ld, \"heads\": %d, \"causal\": true, \"tensors_mib\": %.1f, "
+      "{\"n\": %ld, \"d\": %ld, \"heads\": %d, \"causal\": true, \"float_arithmetic\": %s, "
+      "\"tensors_mib\": %.1f, "
       "\"fwd_extra_mib\": %.2f, \"bwd_extra_mib\": %.2f, \"fwd_s\": %.3f, \"bwd_s\": %.3f, "
       "\"finite\": %s}\n",
-      n, d, kHeads, double(before) / 1024.0, double(after_fwd - before) / 1024.0,
+      n, d, kHeads, float_arith ? "true" : "false", double(before) / 1024.0, double(after_fwd - before) / 1024.0,
       double(after_bwd - before) / 1024.0, std::chrono::duration<double>(t1 - t0).count(),
       std::chrono::duration<double>(t2 - t1).count(), finite ? "true" : "false");
   return finite ? 0 : 1;
@@ -450,10 +461,11 @@ int main(int argc, char** argv) {
     const long n = argc > 2 ? std::atol(argv[2]) : 32768;
     const long d = argc > 3 ? std::atol(argv[3]) : 16;
     if (n <= 0 || d <= 0) {
-      std::fprintf(stderr, "usage: %s --memory_probe N D   (N, D > 0)\n", argv[0]);
+      std::fprintf(stderr, "usage: %s --memory_probe N D [float_arithmetic]   (N, D > 0)\n", argv[0]);
       return 2;
     }
-    return memory_probe(n, d);
+    const bool fa = argc > 4 && std::strcmp(argv[4], "float_arithmetic") == 0;
+    return memory_probe(n, d, fa);
   }
   // Measure the peaks before anything else runs (also reported as context).
   for (int th : {1, 2}) {

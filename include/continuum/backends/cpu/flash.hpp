@@ -6,10 +6,10 @@
 // heaviest causal blocks first). A task walks the key range its rows can see in
 // tiles of kBc keys; tiles outside every row's range are skipped, not masked.
 // Per tile:
-//   S  = (c_i q_i) · K_tileᵀ               Eigen GEMM (c_i = scale / τ_i folded into q)
+//   S  = (c_i q_i) · K_tileᵀ               tile GEMM (c_i = scale / τ_i folded into q)
 //   running row max m_i, rescale of the accumulators (online softmax);
 //   W  = stencil weights α_ij e^{-m_i}     vectorised, branch-free (vector_moments.hpp)
-//   O += W · V                             Eigen GEMM
+//   O += W · V                             tile GEMM (tile_gemm.hpp)
 // Continuum's stencil needs each key's two neighbours: column 0 of a score tile
 // is the halo (the previous tile's last key), carried over from the previous
 // tile; the segment (halo, first key) gives the halo key its right-hand weight,
@@ -32,6 +32,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -44,11 +45,14 @@
 #endif
 
 #include "../../attention/params.hpp"
+#include "../../attention/visibility.hpp"
 #include "tile_gemm.hpp"
 #include "vector_moments.hpp"
 
 namespace continuum {
 namespace cpu_detail {
+/// The tiled kernels (entry points flash_forward, flash_backward).
+namespace flash {
 
 /// Tile sizes (rows of queries × keys). 64 × 128 keeps the working set of a
 /// tile (Q, K, V, S, W, O) near 100 KiB in float: inside L2 on current CPUs.
@@ -87,17 +91,14 @@ inline void pack_transposed(const T* src, index_t lds, index_t n, index_t cols, 
 }
 
 /// C (M × N) = or += A · B with A(r, k) = A[r·sa_r + k·sa_k], B and C row-major:
-/// the micro-kernel when N suits it, Eigen otherwise.
+/// the micro-kernel (tile_gemm.hpp) with GCC/Clang, Eigen otherwise.
 template <class T>
 inline void gemm(index_t M, index_t N, index_t K, const T* A, index_t sa_r, index_t sa_k, const T* B, index_t ldb,
                  T* C, index_t ldc, bool accumulate) {
   if (M <= 0 || N <= 0) return;
 #if defined(CONTINUUM_TILE_GEMM)
-  if (tile_gemm_supported<T>(N)) {
-    tile_gemm<T>(M, N, K, A, sa_r, sa_k, B, ldb, C, ldc, accumulate);
-    return;
-  }
-#endif
+  tile_gemm<T>(M, N, K, A, sa_r, sa_k, B, ldb, C, ldc, accumulate);
+#else
   using AMap = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>, Eigen::Unaligned,
                           Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>>;
   AMap a(A, M, K, Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>(sa_k, sa_r));
@@ -111,22 +112,16 @@ inline void gemm(index_t M, index_t N, index_t K, const T* A, index_t sa_r, inde
     c.noalias() += a * b;
   else
     c.noalias() = a * b;
+#endif
 }
 
-/// Visible key range [lo, hi) of query i of batch b (SPEC §3).
+/// Visible key range [lo, hi) of query i of batch b (SPEC §3, attention/visibility.hpp).
 struct RowRange {
   index_t lo, hi;
 };
 inline RowRange row_range(const Visibility& v, index_t b, index_t i, index_t Lq, index_t Lk) {
-  index_t lo = 0, hi = Lk;
-  if (v.causal) hi = std::min(Lk, i + (Lk - Lq) + 1);
-  if (v.window > 0) lo = std::max<index_t>(0, hi - v.window);
-  if (v.range_lo) lo = std::max(lo, v.range_lo[b * Lq + i]);
-  if (v.range_hi) hi = std::min(hi, v.range_hi[b * Lq + i]);
-  lo = std::max<index_t>(lo, 0);
-  hi = std::min(hi, Lk);
-  if (hi < lo) hi = lo;
-  return {lo, hi};
+  const KeyRange k = visible_range(v, b, i, Lq, Lk);
+  return {k.lo, k.hi};
 }
 
 /// Temperature τ of query i of head h, batch b (SPEC §8 shapes).
@@ -162,6 +157,90 @@ inline void serial_eigen_in_this_region() {
 #endif
 }
 
+
+// ---------------------------------------------------------------------------
+// When the tiled kernels apply. They compute in T (float accumulates in float)
+// and multiply whole tiles, so they need inputs for which that is safe:
+//  * every element of Q, K, V (and O, dO for the backward) finite — a NaN or
+//    Inf must reach only the rows that see it, and 0 · Inf in a tile product
+//    would spread it;
+//  * scores far from T's overflow: |s| ≤ c_max · D · max|q| · max|k| ≤ 1e30
+//    (float) / 1e290 (double), and values with Lk · max|v| ≤ 1e30 / 1e290;
+//  * no inspection outputs (probs, cell_mass).
+// Otherwise the callers use the exact (double-accumulating) kernels of
+// forward.hpp / backward.hpp. The scan is one pass over the inputs.
+// ---------------------------------------------------------------------------
+template <class T>
+struct ViewStats {
+  double max_abs = 0;
+  bool finite = true;
+};
+
+template <class T>
+inline void scan_rows(const TensorView<const T>& v, index_t r0, index_t r1, ViewStats<T>& st) {
+  // Rows are numbered over (batch, head, seq).
+  for (index_t r = r0; r < r1; ++r) {
+    const index_t s = r % v.seq, bh = r / v.seq;
+    const T* x = v.row(bh / v.heads, bh % v.heads, s);
+    T m = T(0);
+    int bad = 0;
+#pragma omp simd reduction(max : m) reduction(| : bad)
+    for (index_t d = 0; d < v.dim; ++d) {
+      const T a = x[d] < T(0) ? -x[d] : x[d];
+      bad |= !(a <= std::numeric_limits<T>::max());  // NaN or ±Inf
+      m = a > m ? a : m;
+    }
+    st.max_abs = std::max(st.max_abs, double(m));
+    st.finite = st.finite && !bad;
+  }
+}
+
+/// Scans the views (in parallel, `threads` threads) and returns their stats.
+template <class T, std::size_t N>
+inline void scan_views(const TensorView<const T> (&views)[N], ViewStats<T> (&out)[N], int threads) {
+  for (std::size_t k = 0; k < N; ++k) {
+    const TensorView<const T>& v = views[k];
+    const index_t rows = v.batch * v.heads * v.seq;
+    if (rows <= 0 || v.dim <= 0) continue;
+    double m = 0;
+    int finite = 1;
+#if defined(_OPENMP)
+#  pragma omp parallel for num_threads(threads) if (threads > 1 && rows * v.dim > 65536) \
+      reduction(max : m) reduction(&& : finite) schedule(static)
+#endif
+    for (index_t c = 0; c < threads; ++c) {
+      ViewStats<T> st;
+      scan_rows(v, rows * c / threads, rows * (c + 1) / threads, st);
+      m = std::max(m, st.max_abs);
+      finite = finite && st.finite;
+    }
+    out[k].max_abs = m;
+    out[k].finite = finite != 0;
+  }
+}
+
+/// Smallest τ of the call (every element).
+template <class T>
+inline double min_temperature(const Temperature<T>& t, index_t B, index_t Hq, index_t Lq) {
+  if (t.shape == TemperatureShape::scalar) return double(t.value);
+  const index_t n = t.shape == TemperatureShape::per_head ? Hq : B * Hq * Lq;
+  double m = std::numeric_limits<double>::infinity();
+  for (index_t i = 0; i < n; ++i) m = std::min(m, double(t.data[i]));
+  return m;
+}
+
+template <class T>
+inline constexpr double kFlashBound = sizeof(T) == sizeof(float) ? 1e30 : 1e290;
+
+/// Whether scores and value sums stay far from overflow (see above).
+template <class T>
+inline bool magnitudes_suit_flash(double scale, double tau_min, index_t D, index_t Lk, const ViewStats<T>& q,
+                                  const ViewStats<T>& k, const ViewStats<T>& v) {
+  if (!(tau_min > 0)) return false;
+  const double c = scale / tau_min;
+  const double smax = c * double(D) * q.max_abs * k.max_abs;
+  return std::isfinite(c) && smax <= kFlashBound<T> && double(Lk + 1) * v.max_abs <= kFlashBound<T>;
+}
 
 // ---------------------------------------------------------------------------
 // Row loops of the stencil. With CONTINUUM_CPU_SIMD they run on whole vectors:
@@ -272,7 +351,7 @@ struct ForwardWorkspace {
 /// three-point stencil (true) or softmax's e^s (false).
 template <class T, bool Continuum>
 void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, index_t i1, double scale,
-                   ForwardWorkspace<T>& ws) {
+                   ForwardWorkspace<T>& ws, T* stat_m = nullptr, T* stat_l = nullptr) {
   const index_t Lq = a.query.seq, Lk = a.key.seq, D = a.query.dim, Dv = a.value.dim;
   const index_t Hq = a.query.heads;
   const index_t hk = h / (Hq / a.key.heads);
@@ -298,13 +377,17 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, in
 
   const index_t ldk = a.key.stride_seq, ldv = a.value.stride_seq;
   const index_t lds = ws.s.cols(), ldw = ws.w.cols();
-  for (index_t k0 = kmin; k0 < kmax; k0 += kBc) {
+  // Key tiles sit at multiples of kBc, whatever the block: a row is computed
+  // with the same tiles (the same operations) in any query block, so a
+  // KV-cache decode step reproduces the full forward's row bit for bit.
+  const index_t kstart = kmin / kBc * kBc;
+  for (index_t k0 = kstart; k0 < kmax; k0 += kBc) {
     const index_t k1 = std::min(k0 + kBc, kmax);
     const index_t nc = k1 - k0;
     const index_t key0 = k0 - 1;  // tile column c holds key key0 + c; column 0 is the halo
     // Halo: the previous tile's last score (carried in column kBc), or 0 in the
     // first tile (where no row can see key k0 - 1).
-    for (index_t r = 0; r < nr; ++r) ws.s(r, 0) = k0 > kmin ? ws.s(r, kBc) : T(0);
+    for (index_t r = 0; r < nr; ++r) ws.s(r, 0) = k0 > kstart ? ws.s(r, kBc) : T(0);
     bool packed = false;
     index_t ncp = 0;
     for (index_t r0 = 0; r0 < nr; r0 += kBs) {
@@ -402,18 +485,34 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, in
     const T inv = empty ? T(0) : T(1) / ws.l[r];
     for (index_t d = 0; d < Dv; ++d) out[d] = empty ? T(0) : ws.o(r, d) * inv;
     if (a.lse) a.lse[(b * Hq + h) * Lq + i] = empty ? kNegInf : ws.m[r] + std::log(ws.l[r]);
+    // Row statistics for the backward: max score m and Σ α e^{-m} (exact
+    // shifts s - m keep P accurate where lse = m + log l would round).
+    if (stat_m) stat_m[(b * Hq + h) * Lq + i] = empty ? kNegInf : ws.m[r];
+    if (stat_l) stat_l[(b * Hq + h) * Lq + i] = empty ? T(0) : ws.l[r];
   }
 }
 
+/// Tiled forward. `scale` is the softmax scale (validated by the caller).
+/// Returns false, having written nothing, when the inputs do not suit the
+/// tiled kernel (see "When the tiled kernels apply"); the caller then runs the
+/// exact kernel.
 template <class T, bool Continuum>
-void flash_forward(const ForwardArgs<T>& a) {
+bool forward_native(const ForwardArgs<T>& a, double scale) {
   const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq, D = a.query.dim;
-  const index_t Dv = a.value.dim;
-  const double scale = a.scale ? *a.scale : 1.0 / std::sqrt(double(D));
+  const index_t Dv = a.value.dim, Lk = a.key.seq;
+  if (a.probs || a.cell_mass) return false;
   const index_t nqb = (Lq + kBr - 1) / kBr;
   const index_t ntasks = B * Hq * nqb;
-  if (ntasks == 0) return;
-  const int threads = int(std::min<index_t>(resolve_threads(a.num_threads), ntasks));
+  const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
+  {
+    const TensorView<const T> views[3] = {a.query, a.key, a.value};
+    ViewStats<T> st[3];
+    scan_views(views, st, threads);
+    if (!st[0].finite || !st[1].finite || !st[2].finite) return false;
+    if (!magnitudes_suit_flash(scale, min_temperature(a.temperature, B, Hq, Lq), D, Lk, st[0], st[1], st[2]))
+      return false;
+  }
+  if (ntasks == 0) return true;
 #if defined(_OPENMP)
 #  pragma omp parallel num_threads(threads) if (threads > 1)
 #endif
@@ -432,6 +531,7 @@ void flash_forward(const ForwardArgs<T>& a) {
       forward_block<T, Continuum>(a, b, h, i0, i1, scale, ws);
     }
   }
+  return true;
 }
 
 // ---------------------------------------------------------------------------
@@ -459,11 +559,13 @@ struct BackwardWorkspace {
 template <class T>
 struct RowInfo {
   std::vector<RowRange> range;
-  std::vector<T> c, tau, dl, lse, dts;  // dts = Σ_j dS_ij s_ij (for dτ)
+  std::vector<T> c, tau, dl, m, inv_l;  // P_ij = e^{s_ij - m_i} · inv_l_i
+  std::vector<double> dts;  // Σ_j dS_ij s_ij (for dτ), summed in double
 };
 
 template <class T, bool Continuum>
-void backward_head(const BackwardArgs<T>& a, index_t b, index_t hk, double scale, BackwardWorkspace<T>& ws,
+void backward_head(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, index_t b, index_t hk, double scale,
+                   BackwardWorkspace<T>& ws,
                    std::vector<RowInfo<T>>& rows /* one per query head of the group */) {
   const index_t Lq = a.query.seq, Lk = a.key.seq, D = a.query.dim, Dv = a.value.dim;
   const index_t Hq = a.query.heads, group = Hq / a.key.heads;
@@ -478,19 +580,23 @@ void backward_head(const BackwardArgs<T>& a, index_t b, index_t hk, double scale
     ri.c.resize(Lq);
     ri.tau.resize(Lq);
     ri.dl.resize(Lq);
-    ri.lse.resize(Lq);
-    ri.dts.assign(Lq, T(0));
+    ri.m.resize(Lq);
+    ri.inv_l.resize(Lq);
+    ri.dts.assign(Lq, 0.0);
     for (index_t i = 0; i < Lq; ++i) {
       ri.range[i] = row_range(a.visibility, b, i, Lq, Lk);
       ri.tau[i] = temperature_of(a.temperature, b, h, i, Hq, Lq);
       ri.c[i] = T(scale / double(ri.tau[i]));
-      ri.lse[i] = a.lse[(b * Hq + h) * Lq + i];
+      const index_t row = (b * Hq + h) * Lq + i;
+      ri.m[i] = stat_m[row];
+      ri.inv_l[i] = stat_l ? (stat_l[row] > T(0) ? T(1) / stat_l[row] : T(0)) : T(1);
       const T* o = a.out.row(b, h, i);
       const T* go = a.grad_out.row(b, h, i);
       T dl = T(0);
       for (index_t d = 0; d < Dv; ++d) dl += go[d] * o[d];
       ri.dl[i] = dl;
-      if (ri.range[i].hi <= ri.range[i].lo || !(ri.lse[i] > -std::numeric_limits<T>::infinity()))
+      if (ri.range[i].hi <= ri.range[i].lo || !(ri.m[i] > -std::numeric_limits<T>::infinity()) ||
+          !(ri.inv_l[i] > T(0)))
         ri.range[i] = {0, 0};  // empty row: no contribution, zero gradients
     }
     if (a.grad_query.data)
@@ -546,21 +652,24 @@ void backward_head(const BackwardArgs<T>& a, index_t b, index_t hk, double scale
           }
           const T* sr = ws.s.row(r).data();
           const T* dpr = ws.dp.row(r).data();
-          const T lse = ri.lse[i], dl = ri.dl[i];
+          const T m = ri.m[i], inv_l = ri.inv_l[i], dl = ri.dl[i];
           // Visible knots of the extended tile (columns [kv0, kv1)) and the
           // visible output columns [ov0, ov1) (column c of p/ds is key k0 + c).
           const index_t kv0 = std::max<index_t>(lo - kk0, 0), kv1 = std::min(hi - kk0, nk);
           const index_t ov0 = std::max(lo, k0) - k0, ov1 = std::min(hi, k1) - k0;
           T* e = ws.e.data();
           T* g = ws.g.data();
-          row_exp(sr, e, lse, kv0, kv1);
+          row_exp(sr, e, m, kv0, kv1);
 #pragma omp simd
-          for (index_t c = kv0; c < kv1; ++c) g[c] = dpr[c] - dl;
+          for (index_t c = kv0; c < kv1; ++c) {
+            e[c] *= inv_l;
+            g[c] = dpr[c] - dl;
+          }
           std::fill(pr, pr + ov0, T(0));
           std::fill(pr + ov1, pr + nc, T(0));
           std::fill(dsr, dsr + ov0, T(0));
           std::fill(dsr + ov1, dsr + nc, T(0));
-          T dts = T(0);
+          double dts = 0;
           if constexpr (Continuum) {
             T* ax = ws.ax.data();  // weight a knot gets from its right-hand segment
             T* ay = ws.ay.data();  // … from its left-hand segment
@@ -585,15 +694,21 @@ void backward_head(const BackwardArgs<T>& a, index_t b, index_t hk, double scale
               const index_t cc = c + off;
               pr[c] = ax[cc] + ay[cc];
               dsr[c] = dx[cc] + dy[cc];
-              dts += dsr[c] * sr[cc];
+              dts += double(dsr[c]) * double(sr[cc] - m);  // Σ dS = 0: shift-free
             }
           } else {
 #pragma omp simd reduction(+ : dts)
             for (index_t c = ov0; c < ov1; ++c) {
               pr[c] = e[c];
               dsr[c] = e[c] * g[c];
-              dts += dsr[c] * sr[c];
+              dts += double(dsr[c]) * double(sr[c] - m);
             }
+          }
+          if (hi - lo == 1) {
+            // One visible key: P ≡ 1 whatever the score, so dS = 0 exactly
+            // (the computed dP - Dl would leave a rounding residue).
+            std::fill(dsr + ov0, dsr + ov1, T(0));
+            dts = 0;
           }
           ri.dts[i] += dts;
         }
@@ -627,16 +742,40 @@ void backward_head(const BackwardArgs<T>& a, index_t b, index_t hk, double scale
     }
 }
 
+/// dτ in the temperature's shape from per-row values -(1/τ_i) Σ_j dS_ij s_ij,
+/// summed in a fixed order (SPEC §8).
+template <class T>
+void write_grad_temperature(const BackwardArgs<T>& a, const std::vector<double>& dtau_rows) {
+  const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq;
+    switch (a.temperature.shape) {
+      case TemperatureShape::scalar: {
+        double s = 0;
+        for (double v : dtau_rows) s += v;
+        *a.grad_temperature = T(s);
+        break;
+      }
+      case TemperatureShape::per_head:
+        for (index_t h = 0; h < Hq; ++h) {
+          double s = 0;
+          for (index_t b = 0; b < B; ++b)
+            for (index_t i = 0; i < Lq; ++i) s += dtau_rows[std::size_t((b * Hq + h) * Lq + i)];
+          a.grad_temperature[h] = T(s);
+        }
+        break;
+      case TemperatureShape::per_query:
+        for (std::size_t i = 0; i < dtau_rows.size(); ++i) a.grad_temperature[i] = T(dtau_rows[i]);
+        break;
+    }
+  }
+
 template <class T, bool Continuum>
-void flash_backward(const BackwardArgs<T>& a) {
+bool flash_backward_run(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, double scale, int threads,
+                        index_t group) {
   const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
-  const index_t D = a.query.dim, Dv = a.value.dim, group = Hq / Hk;
-  const double scale = a.scale ? *a.scale : 1.0 / std::sqrt(double(D));
+  const index_t D = a.query.dim, Dv = a.value.dim;
   const index_t ntasks = B * Hk;
-  if (ntasks == 0) return;
   // dτ_i = -(1/τ_i) Σ_j dS_ij s_ij, per row; reduced below in a fixed order.
-  std::vector<T> dtau_rows(a.grad_temperature ? std::size_t(B * Hq * Lq) : 0);
-  const int threads = int(std::min<index_t>(resolve_threads(a.num_threads), ntasks));
+  std::vector<double> dtau_rows(a.grad_temperature ? std::size_t(B * Hq * Lq) : 0);
 #if defined(_OPENMP)
 #  pragma omp parallel num_threads(threads) if (threads > 1)
 #endif
@@ -649,37 +788,345 @@ void flash_backward(const BackwardArgs<T>& a) {
 #endif
     for (index_t task = 0; task < ntasks; ++task) {
       const index_t b = task / Hk, hk = task % Hk;
-      backward_head<T, Continuum>(a, b, hk, scale, ws, rows);
+      backward_head<T, Continuum>(a, stat_m, stat_l, b, hk, scale, ws, rows);
       if (a.grad_temperature)
         for (index_t gq = 0; gq < group; ++gq) {
           const index_t h = hk * group + gq;
           for (index_t i = 0; i < Lq; ++i)
-            dtau_rows[std::size_t((b * Hq + h) * Lq + i)] = -rows[gq].dts[i] / rows[gq].tau[i];
+            dtau_rows[std::size_t((b * Hq + h) * Lq + i)] = -rows[gq].dts[i] / double(rows[gq].tau[i]);
         }
     }
   }
-  if (a.grad_temperature) {
-    switch (a.temperature.shape) {
-      case TemperatureShape::scalar: {
-        T s = T(0);
-        for (T v : dtau_rows) s += v;
-        *a.grad_temperature = s;
-        break;
+  if (a.grad_temperature) write_grad_temperature(a, dtau_rows);
+  return true;
+}
+
+/// Tiled backward, arithmetic in T. `scale` as for flash_forward. Uses
+/// args.lse when given and |lse| ≤ 64, else recomputes it. Returns false,
+/// having written nothing, when the inputs do not suit the tiled kernel.
+template <class T, bool Continuum>
+bool backward_native(const BackwardArgs<T>& a, double scale) {
+  const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
+  const index_t D = a.query.dim, Dv = a.value.dim, group = Hq / Hk, Lk = a.key.seq;
+  const index_t ntasks = B * Hk;
+  const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
+  {
+    const TensorView<const T> views[5] = {a.query, a.key, a.value, a.out, a.grad_out};
+    ViewStats<T> st[5];
+    scan_views(views, st, std::max(threads, 1));
+    for (const auto& x : st)
+      if (!x.finite) return false;
+    if (!magnitudes_suit_flash(scale, min_temperature(a.temperature, B, Hq, Lq), D, Lk, st[0], st[1], st[2]))
+      return false;
+    // dP = dO · Vᵀ and Dl = dO · o stay far from overflow too.
+    if (double(std::max(Dv, Lk) + 1) * st[4].max_abs * std::max(st[2].max_abs, st[3].max_abs) > kFlashBound<T>)
+      return false;
+  }
+  // Row statistics. The stored lse is rounded to T: P = e^{s - lse} then
+  // carries a relative error ~ε_T |lse|, and s - lse is not an exact shift.
+  // Trust it for |lse| ≤ 64; otherwise (or without it) recompute the row max m
+  // and Σ α e^{-m} with the forward's own code (one more forward pass).
+  bool recompute = a.lse == nullptr;
+  for (index_t i = 0; i < B * Hq * Lq && !recompute; ++i) {
+    const T l = a.lse[i];
+    recompute = l != -std::numeric_limits<T>::infinity() && !(l <= T(64) && l >= T(-64));
+  }
+  std::vector<T> stat_m, stat_l, out_buf;
+  if (recompute) {
+    stat_m.resize(std::size_t(B * Hq * Lq));
+    stat_l.resize(std::size_t(B * Hq * Lq));
+    out_buf.resize(std::size_t(kBr * Dv) * std::size_t(std::max(threads, 1)));
+    ForwardArgs<T> f;
+    f.query = a.query;
+    f.key = a.key;
+    f.value = a.value;
+    f.kernel = a.kernel;
+    f.temperature = a.temperature;
+    f.visibility = a.visibility;
+    const index_t nqb = (Lq + kBr - 1) / kBr, nft = B * Hq * nqb;
+#if defined(_OPENMP)
+#  pragma omp parallel num_threads(threads) if (threads > 1)
+#endif
+    {
+      serial_eigen_in_this_region();
+      ForwardWorkspace<T> ws(D, Dv);
+#if defined(_OPENMP)
+      const int tid = omp_get_thread_num();
+#else
+      const int tid = 0;
+#endif
+#if defined(_OPENMP)
+#  pragma omp for schedule(dynamic, 1)
+#endif
+      for (index_t task = 0; task < nft; ++task) {
+        const index_t qb = nqb - 1 - task % nqb, bh = task / nqb;
+        const index_t b = bh / Hq, h = bh % Hq;
+        const index_t i0 = qb * kBr, i1 = std::min(Lq, i0 + kBr);
+        // The outputs go to a scratch block (rows i0 … i1 of this task).
+        ForwardArgs<T> fb = f;
+        T* ob = out_buf.data() + std::size_t(tid) * std::size_t(kBr * Dv);
+        fb.out = TensorView<T>{ob - i0 * Dv, B, Hq, Lq, Dv, 0, 0, Dv};
+        forward_block<T, Continuum>(fb, b, h, i0, i1, scale, ws, stat_m.data(), stat_l.data());
       }
-      case TemperatureShape::per_head:
-        for (index_t h = 0; h < Hq; ++h) {
-          T s = T(0);
-          for (index_t b = 0; b < B; ++b)
-            for (index_t i = 0; i < Lq; ++i) s += dtau_rows[std::size_t((b * Hq + h) * Lq + i)];
-          a.grad_temperature[h] = s;
-        }
-        break;
-      case TemperatureShape::per_query:
-        std::copy(dtau_rows.begin(), dtau_rows.end(), a.grad_temperature);
-        break;
     }
+  }
+  if (ntasks == 0) {
+    if (a.grad_temperature) {
+      const index_t n = a.temperature.shape == TemperatureShape::scalar ? 1
+                        : a.temperature.shape == TemperatureShape::per_head ? Hq : B * Hq * Lq;
+      std::fill(a.grad_temperature, a.grad_temperature + n, T(0));
+    }
+    return true;
+  }
+  return flash_backward_run<T, Continuum>(a, recompute ? stat_m.data() : a.lse, recompute ? stat_l.data() : nullptr,
+                                          scale, threads, group);
+}
+
+// ---------------------------------------------------------------------------
+// Float storage, double arithmetic (the default for float): every task
+// converts the rows and keys it needs to double and runs the double kernel on
+// that sub-problem, so float inputs get double scores, weights and sums and
+// each output is rounded once. Key tiles stay at absolute multiples of kBc.
+// ---------------------------------------------------------------------------
+struct ForwardConversion {
+  std::vector<double> q, k, v, o, lse, tau;
+  std::vector<index_t> lo, hi;
+};
+
+template <bool Continuum>
+void forward_block_via_double(const ForwardArgs<float>& a, index_t b, index_t h, index_t i0, index_t i1,
+                              double scale, ForwardWorkspace<double>& ws, ForwardConversion& cv) {
+  const index_t Lq = a.query.seq, Lk = a.key.seq, D = a.query.dim, Dv = a.value.dim;
+  const index_t Hq = a.query.heads, hk = h / (Hq / a.key.heads);
+  const index_t nr = i1 - i0;
+  index_t kmin = Lk, kmax = 0;
+  cv.lo.resize(std::size_t(nr));
+  cv.hi.resize(std::size_t(nr));
+  cv.tau.resize(std::size_t(nr));
+  for (index_t r = 0; r < nr; ++r) {
+    const RowRange rr = row_range(a.visibility, b, i0 + r, Lq, Lk);
+    cv.lo[std::size_t(r)] = rr.lo;
+    cv.hi[std::size_t(r)] = rr.hi;
+    if (rr.hi > rr.lo) {
+      kmin = std::min(kmin, rr.lo);
+      kmax = std::max(kmax, rr.hi);
+    }
+    cv.tau[std::size_t(r)] = double(temperature_of(a.temperature, b, h, i0 + r, Hq, Lq));
+  }
+  const index_t kbase = kmax > kmin ? kmin / kBc * kBc : 0;
+  const index_t nk = kmax > kmin ? kmax - kbase : 0;
+  for (index_t r = 0; r < nr; ++r) {
+    const bool empty = cv.hi[std::size_t(r)] <= cv.lo[std::size_t(r)];
+    cv.lo[std::size_t(r)] = empty ? 0 : cv.lo[std::size_t(r)] - kbase;
+    cv.hi[std::size_t(r)] = empty ? 0 : cv.hi[std::size_t(r)] - kbase;
+  }
+  cv.q.resize(std::size_t(nr * D));
+  cv.k.resize(std::size_t(nk * D));
+  cv.v.resize(std::size_t(nk * Dv));
+  cv.o.resize(std::size_t(nr * Dv));
+  cv.lse.resize(std::size_t(nr));
+  for (index_t r = 0; r < nr; ++r) std::copy_n(a.query.row(b, h, i0 + r), D, cv.q.data() + r * D);
+  for (index_t j = 0; j < nk; ++j) {
+    std::copy_n(a.key.row(b, hk, kbase + j), D, cv.k.data() + j * D);
+    std::copy_n(a.value.row(b, hk, kbase + j), Dv, cv.v.data() + j * Dv);
+  }
+  ForwardArgs<double> s;
+  s.query = TensorView<const double>::bhsd(cv.q.data(), 1, 1, nr, D);
+  s.key = TensorView<const double>::bhsd(cv.k.data(), 1, 1, nk, D);
+  s.value = TensorView<const double>::bhsd(cv.v.data(), 1, 1, nk, Dv);
+  s.out = TensorView<double>::bhsd(cv.o.data(), 1, 1, nr, Dv);
+  s.lse = cv.lse.data();
+  s.kernel = a.kernel;
+  s.temperature.shape = TemperatureShape::per_query;
+  s.temperature.data = cv.tau.data();
+  s.visibility.range_lo = cv.lo.data();
+  s.visibility.range_hi = cv.hi.data();
+  forward_block<double, Continuum>(s, 0, 0, 0, nr, scale, ws);
+  for (index_t r = 0; r < nr; ++r) {
+    float* out = a.out.row(b, h, i0 + r);
+    for (index_t d = 0; d < Dv; ++d) out[d] = float(cv.o[std::size_t(r * Dv + d)]);
+    if (a.lse) a.lse[(b * Hq + h) * Lq + i0 + r] = float(cv.lse[std::size_t(r)]);
   }
 }
 
+template <bool Continuum>
+bool forward_via_double(const ForwardArgs<float>& a, double scale) {
+  const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq, D = a.query.dim;
+  const index_t Dv = a.value.dim, Lk = a.key.seq;
+  if (a.probs || a.cell_mass) return false;
+  const index_t nqb = (Lq + kBr - 1) / kBr;
+  const index_t ntasks = B * Hq * nqb;
+  const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
+  {
+    const TensorView<const float> views[3] = {a.query, a.key, a.value};
+    ViewStats<float> st[3];
+    scan_views(views, st, threads);
+    if (!st[0].finite || !st[1].finite || !st[2].finite) return false;
+    if (!magnitudes_suit_flash(scale, min_temperature(a.temperature, B, Hq, Lq), D, Lk, st[0], st[1], st[2]))
+      return false;
+  }
+  if (ntasks == 0) return true;
+#if defined(_OPENMP)
+#  pragma omp parallel num_threads(threads) if (threads > 1)
+#endif
+  {
+    serial_eigen_in_this_region();
+    ForwardWorkspace<double> ws(D, Dv);
+    ForwardConversion cv;
+#if defined(_OPENMP)
+#  pragma omp for schedule(dynamic, 1)
+#endif
+    for (index_t task = 0; task < ntasks; ++task) {
+      const index_t qb = nqb - 1 - task % nqb;
+      const index_t bh = task / nqb;
+      const index_t b = bh / Hq, h = bh % Hq;
+      const index_t i0 = qb * kBr, i1 = std::min(Lq, i0 + kBr);
+      forward_block_via_double<Continuum>(a, b, h, i0, i1, scale, ws, cv);
+    }
+  }
+  return true;
+}
+
+template <bool Continuum>
+bool backward_via_double(const BackwardArgs<float>& a, double scale) {
+  const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
+  const index_t D = a.query.dim, Dv = a.value.dim, group = Hq / Hk, Lk = a.key.seq;
+  const index_t ntasks = B * Hk;
+  const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
+  {
+    const TensorView<const float> views[5] = {a.query, a.key, a.value, a.out, a.grad_out};
+    ViewStats<float> st[5];
+    scan_views(views, st, threads);
+    for (const auto& x : st)
+      if (!x.finite) return false;
+    if (!magnitudes_suit_flash(scale, min_temperature(a.temperature, B, Hq, Lq), D, Lk, st[0], st[1], st[2]))
+      return false;
+    if (double(std::max(Dv, Lk) + 1) * st[4].max_abs * std::max(st[2].max_abs, st[3].max_abs) >
+        kFlashBound<float>)
+      return false;
+  }
+  std::vector<double> dtau_rows(a.grad_temperature ? std::size_t(B * Hq * Lq) : 0);
+  if (ntasks > 0) {
+#if defined(_OPENMP)
+#  pragma omp parallel num_threads(threads) if (threads > 1)
+#endif
+    {
+      serial_eigen_in_this_region();
+      BackwardWorkspace<double> ws(D, Dv);
+      std::vector<RowInfo<double>> rows(static_cast<std::size_t>(group));
+      std::vector<double> q, k, v, o, go, sm, sl, tau, dq, dk, dv;
+#if defined(_OPENMP)
+#  pragma omp for schedule(dynamic, 1)
+#endif
+      for (index_t task = 0; task < ntasks; ++task) {
+        const index_t b = task / Hk, hk = task % Hk;
+        const index_t nq = group * Lq;
+        q.resize(std::size_t(nq * D));
+        go.resize(std::size_t(nq * Dv));
+        o.resize(std::size_t(nq * Dv));
+        sm.resize(std::size_t(nq));
+        sl.resize(std::size_t(nq));
+        tau.resize(std::size_t(nq));
+        k.resize(std::size_t(Lk * D));
+        v.resize(std::size_t(Lk * Dv));
+        for (index_t g = 0; g < group; ++g)
+          for (index_t i = 0; i < Lq; ++i) {
+            const index_t h = hk * group + g, r = g * Lq + i;
+            std::copy_n(a.query.row(b, h, i), D, q.data() + r * D);
+            std::copy_n(a.grad_out.row(b, h, i), Dv, go.data() + r * Dv);
+            tau[std::size_t(r)] = double(temperature_of(a.temperature, b, h, i, Hq, Lq));
+          }
+        for (index_t j = 0; j < Lk; ++j) {
+          std::copy_n(a.key.row(b, hk, j), D, k.data() + j * D);
+          std::copy_n(a.value.row(b, hk, j), Dv, v.data() + j * Dv);
+        }
+        Visibility vis = a.visibility;
+        if (vis.range_lo) vis.range_lo += b * Lq;
+        if (vis.range_hi) vis.range_hi += b * Lq;
+        // Row statistics and o in double (the stored float lse and out are
+        // rounded; P and Dl must carry double accuracy).
+        ForwardArgs<double> f;
+        f.query = TensorView<const double>::bhsd(q.data(), 1, group, Lq, D);
+        f.key = TensorView<const double>::bhsd(k.data(), 1, 1, Lk, D);
+        f.value = TensorView<const double>::bhsd(v.data(), 1, 1, Lk, Dv);
+        f.out = TensorView<double>::bhsd(o.data(), 1, group, Lq, Dv);
+        f.kernel = a.kernel;
+        f.temperature.shape = TemperatureShape::per_query;
+        f.temperature.data = tau.data();
+        f.visibility = vis;
+        f.num_threads = 1;
+        const index_t nqb = (Lq + kBr - 1) / kBr;
+        {
+          ForwardWorkspace<double> fws(D, Dv);
+          for (index_t g = 0; g < group; ++g)
+            for (index_t qb = 0; qb < nqb; ++qb)
+              forward_block<double, Continuum>(f, 0, g, qb * kBr, std::min(Lq, qb * kBr + kBr), scale, fws,
+                                               sm.data(), sl.data());
+        }
+        BackwardArgs<double> s;
+        s.query = f.query;
+        s.key = f.key;
+        s.value = f.value;
+        s.out = TensorView<const double>::bhsd(o.data(), 1, group, Lq, Dv);
+        s.grad_out = TensorView<const double>::bhsd(go.data(), 1, group, Lq, Dv);
+        if (a.grad_query.data) {
+          dq.resize(std::size_t(nq * D));
+          s.grad_query = TensorView<double>::bhsd(dq.data(), 1, group, Lq, D);
+        }
+        if (a.grad_key.data) {
+          dk.resize(std::size_t(Lk * D));
+          s.grad_key = TensorView<double>::bhsd(dk.data(), 1, 1, Lk, D);
+        }
+        if (a.grad_value.data) {
+          dv.resize(std::size_t(Lk * Dv));
+          s.grad_value = TensorView<double>::bhsd(dv.data(), 1, 1, Lk, Dv);
+        }
+        s.kernel = a.kernel;
+        s.temperature = f.temperature;
+        s.visibility = vis;
+        backward_head<double, Continuum>(s, sm.data(), sl.data(), 0, 0, scale, ws, rows);
+        for (index_t g = 0; g < group; ++g)
+          for (index_t i = 0; i < Lq; ++i) {
+            const index_t h = hk * group + g, r = g * Lq + i;
+            if (a.grad_query.data) {
+              float* dst = a.grad_query.row(b, h, i);
+              for (index_t d = 0; d < D; ++d) dst[d] = float(dq[std::size_t(r * D + d)]);
+            }
+            if (a.grad_temperature)
+              dtau_rows[std::size_t((b * Hq + h) * Lq + i)] = -rows[std::size_t(g)].dts[std::size_t(i)] /
+                                                              rows[std::size_t(g)].tau[std::size_t(i)];
+          }
+        for (index_t j = 0; j < Lk; ++j) {
+          if (a.grad_key.data) {
+            float* dst = a.grad_key.row(b, hk, j);
+            for (index_t d = 0; d < D; ++d) dst[d] = float(dk[std::size_t(j * D + d)]);
+          }
+          if (a.grad_value.data) {
+            float* dst = a.grad_value.row(b, hk, j);
+            for (index_t d = 0; d < Dv; ++d) dst[d] = float(dv[std::size_t(j * Dv + d)]);
+          }
+        }
+      }
+    }
+  }
+  if (a.grad_temperature) write_grad_temperature(a, dtau_rows);
+  return true;
+}
+
+/// Entry points: float storage computes in double unless args.float_arithmetic.
+template <class T, bool Continuum>
+bool flash_forward(const ForwardArgs<T>& a, double scale) {
+  if constexpr (std::is_same<T, float>::value)
+    if (!a.float_arithmetic) return forward_via_double<Continuum>(a, scale);
+  return forward_native<T, Continuum>(a, scale);
+}
+template <class T, bool Continuum>
+bool flash_backward(const BackwardArgs<T>& a, double scale) {
+  if constexpr (std::is_same<T, float>::value)
+    if (!a.float_arithmetic) return backward_via_double<Continuum>(a, scale);
+  return backward_native<T, Continuum>(a, scale);
+}
+
+}  // namespace flash
 }  // namespace cpu_detail
 }  // namespace continuum

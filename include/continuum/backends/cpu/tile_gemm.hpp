@@ -5,8 +5,8 @@
 //   C (M × N, row stride ldc)  =  or +=  A (M × K) · B (K × N, row stride ldb)
 //
 // A is read element by element through two strides (so Aᵀ costs nothing), B
-// and C are row-major with unit stride along N; N must be a multiple of the
-// vector width (callers fall back to Eigen otherwise: tile_gemm_supported).
+// and C are row-major with unit stride along N; columns beyond the last full
+// vector are done by a scalar loop (the same sum over k, in the same order).
 // Blocking: kMR rows × kNV vectors of C live in registers (6 × 4 zmm with
 // AVX-512: 24 accumulators, 4 B vectors, A broadcast from memory); the sum over
 // K runs in order, so the result is the same for any thread count.
@@ -77,14 +77,21 @@ inline void row_block(int mr, const T* A, index_t sa_r, index_t sa_k, const T* B
   }
 }
 
-/// True when N suits the micro-kernel (a multiple of the vector width).
+/// Columns n0 … N-1 (fewer than one vector) of C, scalar, same order of
+/// operations per element as the vector kernel (a running sum over k).
 template <class T>
-inline bool tile_gemm_supported(index_t N) {
-  return N > 0 && N % Simd<T>::W == 0;
+inline void scalar_columns(index_t M, index_t n0, index_t N, index_t K, const T* A, index_t sa_r, index_t sa_k,
+                           const T* B, index_t ldb, T* C, index_t ldc, bool accumulate) {
+  for (index_t r = 0; r < M; ++r)
+    for (index_t n = n0; n < N; ++n) {
+      T acc = accumulate ? C[r * ldc + n] : T(0);
+      for (index_t k = 0; k < K; ++k) acc += A[r * sa_r + k * sa_k] * B[k * ldb + n];
+      C[r * ldc + n] = acc;
+    }
 }
 
 /// C (M × N) = or += A · B; A(r, k) = A[r·sa_r + k·sa_k]; B(k, n) = B[k·ldb + n];
-/// C(r, n) = C[r·ldc + n]. Requires tile_gemm_supported<T>(N).
+/// C(r, n) = C[r·ldc + n]. Reads exactly the N columns of B and C.
 template <class T>
 inline void tile_gemm(index_t M, index_t N, index_t K, const T* A, index_t sa_r, index_t sa_k, const T* B,
                       index_t ldb, T* C, index_t ldc, bool accumulate) {
@@ -97,18 +104,19 @@ inline void tile_gemm(index_t M, index_t N, index_t K, const T* A, index_t sa_r,
                         C + r * ldc + j * W, ldc, accumulate);
   // Remaining 1 … kNV-1 vectors in one pass.
   const int rest = int(nvec - j);
-  if (rest == 0) return;
-  for (index_t r = 0; r < M; r += kMR) {
-    const int mr = int(std::min<index_t>(kMR, M - r));
-    const T* a = A + r * sa_r;
-    T* c = C + r * ldc + j * W;
-    if (rest >= 3)
-      row_block<T, 3>(mr, a, sa_r, sa_k, B + j * W, ldb, K, c, ldc, accumulate);
-    else if (rest == 2)
-      row_block<T, 2>(mr, a, sa_r, sa_k, B + j * W, ldb, K, c, ldc, accumulate);
-    else
-      row_block<T, 1>(mr, a, sa_r, sa_k, B + j * W, ldb, K, c, ldc, accumulate);
-  }
+  if (rest > 0)
+    for (index_t r = 0; r < M; r += kMR) {
+      const int mr = int(std::min<index_t>(kMR, M - r));
+      const T* a = A + r * sa_r;
+      T* c = C + r * ldc + j * W;
+      if (rest >= 3)
+        row_block<T, 3>(mr, a, sa_r, sa_k, B + j * W, ldb, K, c, ldc, accumulate);
+      else if (rest == 2)
+        row_block<T, 2>(mr, a, sa_r, sa_k, B + j * W, ldb, K, c, ldc, accumulate);
+      else
+        row_block<T, 1>(mr, a, sa_r, sa_k, B + j * W, ldb, K, c, ldc, accumulate);
+    }
+  if (nvec * W < N) scalar_columns(M, nvec * W, N, K, A, sa_r, sa_k, B, ldb, C, ldc, accumulate);
 }
 #endif  // CONTINUUM_CPU_SIMD
 
