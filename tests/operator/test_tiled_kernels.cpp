@@ -1,6 +1,7 @@
 // The tiled CPU kernels (backends/cpu/flash.hpp) against the 256-bit reference,
 // on shapes that cross every tile boundary (key tiles of 128, query blocks of
-// 256 with sub-blocks of 64, backward query tiles of 64), for float with the
+// 256 with sub-blocks of 64, backward query tiles of 64; kept small because
+// the reference is 256-bit), for float with the
 // default double arithmetic and with float_arithmetic = true, and for double.
 // The operator's other forward tests request the P / π maps, which the tiled
 // kernels do not produce (those calls take the exact kernel), so this file is
@@ -31,13 +32,13 @@ void run_backward(Case<T>& c, bool float_arithmetic) {
 
 template <class T>
 void setup(Case<T>& c, int shape, int vis, int kernel, std::uint64_t salt) {
-  static const index_t L[][2] = {{300, 300}, {70, 333}, {333, 70}, {257, 129}, {1, 300}};
+  static const index_t L[][2] = {{70, 140}, {20, 261}, {261, 20}, {66, 130}, {1, 260}};
   c.B = 1;
   c.Hq = 2;
   c.Hk = shape == 3 ? 1 : 2;  // GQA once
   c.Lq = L[shape][0];
   c.Lk = L[shape][1];
-  c.D = shape == 1 ? 17 : 16;
+  c.D = shape == 1 ? 17 : 8;
   c.Dv = shape == 2 ? 5 : c.D;
   c.vis = visibility_code(vis);
   c.kernel = kernel ? continuum::Kernel::softmax : continuum::Kernel::continuum;
@@ -54,7 +55,7 @@ TEMPLATE_TEST_CASE("tiled forward matches the reference across tile boundaries",
                    double) {
   use_mp_precision();
   const int shape = GENERATE(0, 1, 2, 3, 4);
-  const int vis = GENERATE(0, 1, 2, 3);
+  const int vis = GENERATE(0, 1, 3);
   const int kernel = GENERATE(0, 1);
   const bool fa = std::is_same<TestType, float>::value ? GENERATE(false, true) : false;
   Case<TestType> c;
@@ -77,8 +78,8 @@ TEMPLATE_TEST_CASE("tiled forward matches the reference across tile boundaries",
 TEMPLATE_TEST_CASE("tiled backward matches the reference across tile boundaries", "[operator][tiled]", float,
                    double) {
   use_mp_precision();
-  const int shape = GENERATE(0, 2, 3);
-  const int vis = GENERATE(0, 1, 3);
+  const int shape = GENERATE(0, 3);
+  const int vis = GENERATE(0, 3);
   const int kernel = GENERATE(0, 1);
   const bool fa = std::is_same<TestType, float>::value ? GENERATE(false, true) : false;
   Case<TestType> c;

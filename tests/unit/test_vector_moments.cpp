@@ -131,7 +131,8 @@ TEMPLATE_TEST_CASE("vector segment terms match the moment primitives", "[vector_
   // sorted input makes most vectors uniform, the shuffled one mixes them.
   std::vector<T> sorted = bs;
   std::sort(sorted.begin(), sorted.end());
-  for (const std::vector<T>* input : {&bs, &sorted})
+  const std::vector<T>* inputs[] = {&bs, &sorted};
+  for (const std::vector<T>* input : inputs)
     for (std::size_t i = 0; i + W <= input->size(); i += W) {
       V b, ex, ey;
       for (int l = 0; l < W; ++l) {

@@ -164,15 +164,16 @@ inline void serial_eigen_in_this_region() {
 //  * every element of Q, K, V (and O, dO for the backward) finite — a NaN or
 //    Inf must reach only the rows that see it, and 0 · Inf in a tile product
 //    would spread it;
-//  * scores far from T's overflow: |s| ≤ c_max · D · max|q| · max|k| ≤ 1e30
-//    (float) / 1e290 (double), and values with Lk · max|v| ≤ 1e30 / 1e290;
+//  * moderate scores: |s| ≤ c_max · max‖q_i‖ · max‖k_j‖ ≤ 4096, and values
+//    with Lk · max|v| ≤ 1e30 (float) / 1e290 (double);
 //  * no inspection outputs (probs, cell_mass).
 // Otherwise the callers use the exact (double-accumulating) kernels of
 // forward.hpp / backward.hpp. The scan is one pass over the inputs.
 // ---------------------------------------------------------------------------
 template <class T>
 struct ViewStats {
-  double max_abs = 0;
+  double max_abs = 0;   ///< max |x| over all elements
+  double max_norm = 0;  ///< max over rows of ‖x_row‖₂
   bool finite = true;
 };
 
@@ -183,14 +184,17 @@ inline void scan_rows(const TensorView<const T>& v, index_t r0, index_t r1, View
     const index_t s = r % v.seq, bh = r / v.seq;
     const T* x = v.row(bh / v.heads, bh % v.heads, s);
     T m = T(0);
+    double ss = 0;
     int bad = 0;
-#pragma omp simd reduction(max : m) reduction(| : bad)
+#pragma omp simd reduction(max : m) reduction(| : bad) reduction(+ : ss)
     for (index_t d = 0; d < v.dim; ++d) {
       const T a = x[d] < T(0) ? -x[d] : x[d];
       bad |= !(a <= std::numeric_limits<T>::max());  // NaN or ±Inf
       m = a > m ? a : m;
+      ss += double(a) * double(a);
     }
     st.max_abs = std::max(st.max_abs, double(m));
+    st.max_norm = std::max(st.max_norm, std::sqrt(ss));
     st.finite = st.finite && !bad;
   }
 }
@@ -202,19 +206,21 @@ inline void scan_views(const TensorView<const T> (&views)[N], ViewStats<T> (&out
     const TensorView<const T>& v = views[k];
     const index_t rows = v.batch * v.heads * v.seq;
     if (rows <= 0 || v.dim <= 0) continue;
-    double m = 0;
+    double m = 0, nrm = 0;
     int finite = 1;
 #if defined(_OPENMP)
 #  pragma omp parallel for num_threads(threads) if (threads > 1 && rows * v.dim > 65536) \
-      reduction(max : m) reduction(&& : finite) schedule(static)
+      reduction(max : m, nrm) reduction(&& : finite) schedule(static)
 #endif
     for (index_t c = 0; c < threads; ++c) {
       ViewStats<T> st;
       scan_rows(v, rows * c / threads, rows * (c + 1) / threads, st);
       m = std::max(m, st.max_abs);
+      nrm = std::max(nrm, st.max_norm);
       finite = finite && st.finite;
     }
     out[k].max_abs = m;
+    out[k].max_norm = nrm;
     out[k].finite = finite != 0;
   }
 }
@@ -232,14 +238,21 @@ inline double min_temperature(const Temperature<T>& t, index_t B, index_t Hq, in
 template <class T>
 inline constexpr double kFlashBound = sizeof(T) == sizeof(float) ? 1e30 : 1e290;
 
-/// Whether scores and value sums stay far from overflow (see above).
+/// Largest score the tiled kernels take: |s_ij| ≤ c_max ‖q_i‖ ‖k_j‖ ≤ 4096.
+/// Beyond it attention is one-hot to many digits and the gradients cancel by
+/// as much as |s| (SPEC §6 with Σ_j dS_ij = 0); the exact kernel, which works
+/// with exactly shifted scores throughout, handles those rows.
+inline constexpr double kFlashMaxScore = 4096.0;
+
+/// Whether scores and value sums stay in the tiled kernels' range (see above).
 template <class T>
 inline bool magnitudes_suit_flash(double scale, double tau_min, index_t D, index_t Lk, const ViewStats<T>& q,
                                   const ViewStats<T>& k, const ViewStats<T>& v) {
+  (void)D;
   if (!(tau_min > 0)) return false;
   const double c = scale / tau_min;
-  const double smax = c * double(D) * q.max_abs * k.max_abs;
-  return std::isfinite(c) && smax <= kFlashBound<T> && double(Lk + 1) * v.max_abs <= kFlashBound<T>;
+  const double smax = c * q.max_norm * k.max_norm;
+  return std::isfinite(c) && smax <= kFlashMaxScore && double(Lk + 1) * v.max_abs <= kFlashBound<T>;
 }
 
 // ---------------------------------------------------------------------------
@@ -349,7 +362,7 @@ struct ForwardWorkspace {
 
 /// One query block [i0, i1) of (batch b, query head h). Continuum selects the
 /// three-point stencil (true) or softmax's e^s (false).
-template <class T, bool Continuum>
+template <class T, bool Continuum, bool StatsOnly = false>
 void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, index_t i1, double scale,
                    ForwardWorkspace<T>& ws, T* stat_m = nullptr, T* stat_l = nullptr) {
   const index_t Lq = a.query.seq, Lk = a.key.seq, D = a.query.dim, Dv = a.value.dim;
@@ -470,8 +483,9 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, in
       // O += W · V over the keys [u0 - 1, u1) (the halo key only when it exists).
       const index_t p0 = (Continuum && u0 > 0) ? u0 - 1 - key0 : u0 - key0;
       const index_t p1 = u1 - key0;
-      gemm<T>(r1 - r0, Dv, p1 - p0, ws.w.data() + r0 * ldw + p0, ldw, 1, a.value.row(b, hk, key0 + p0), ldv,
-              ws.o.data() + r0 * Dv, Dv, true);
+      if (!StatsOnly)
+        gemm<T>(r1 - r0, Dv, p1 - p0, ws.w.data() + r0 * ldw + p0, ldw, 1, a.value.row(b, hk, key0 + p0), ldv,
+                ws.o.data() + r0 * Dv, Dv, true);
     }
     // Keep this tile's last score as the next tile's halo (column kBc).
     if (nc < kBc)
@@ -480,10 +494,12 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, in
 
   for (index_t r = 0; r < nr; ++r) {
     const index_t i = i0 + r;
-    T* out = a.out.row(b, h, i);
     const bool empty = !(ws.l[r] > T(0));
-    const T inv = empty ? T(0) : T(1) / ws.l[r];
-    for (index_t d = 0; d < Dv; ++d) out[d] = empty ? T(0) : ws.o(r, d) * inv;
+    if (!StatsOnly) {
+      T* out = a.out.row(b, h, i);
+      const T inv = empty ? T(0) : T(1) / ws.l[r];
+      for (index_t d = 0; d < Dv; ++d) out[d] = empty ? T(0) : ws.o(r, d) * inv;
+    }
     if (a.lse) a.lse[(b * Hq + h) * Lq + i] = empty ? kNegInf : ws.m[r] + std::log(ws.l[r]);
     // Row statistics for the backward: max score m and Σ α e^{-m} (exact
     // shifts s - m keep P accurate where lse = m + log l would round).
@@ -825,17 +841,16 @@ bool backward_native(const BackwardArgs<T>& a, double scale) {
   // Row statistics. The stored lse is rounded to T: P = e^{s - lse} then
   // carries a relative error ~ε_T |lse|, and s - lse is not an exact shift.
   // Trust it for |lse| ≤ 64; otherwise (or without it) recompute the row max m
-  // and Σ α e^{-m} with the forward's own code (one more forward pass).
+  // and Σ α e^{-m} with the forward's own code (scores and stencil only).
   bool recompute = a.lse == nullptr;
   for (index_t i = 0; i < B * Hq * Lq && !recompute; ++i) {
     const T l = a.lse[i];
     recompute = l != -std::numeric_limits<T>::infinity() && !(l <= T(64) && l >= T(-64));
   }
-  std::vector<T> stat_m, stat_l, out_buf;
+  std::vector<T> stat_m, stat_l;
   if (recompute) {
     stat_m.resize(std::size_t(B * Hq * Lq));
     stat_l.resize(std::size_t(B * Hq * Lq));
-    out_buf.resize(std::size_t(kBr * Dv) * std::size_t(std::max(threads, 1)));
     ForwardArgs<T> f;
     f.query = a.query;
     f.key = a.key;
@@ -851,22 +866,13 @@ bool backward_native(const BackwardArgs<T>& a, double scale) {
       serial_eigen_in_this_region();
       ForwardWorkspace<T> ws(D, Dv);
 #if defined(_OPENMP)
-      const int tid = omp_get_thread_num();
-#else
-      const int tid = 0;
-#endif
-#if defined(_OPENMP)
 #  pragma omp for schedule(dynamic, 1)
 #endif
       for (index_t task = 0; task < nft; ++task) {
         const index_t qb = nqb - 1 - task % nqb, bh = task / nqb;
         const index_t b = bh / Hq, h = bh % Hq;
         const index_t i0 = qb * kBr, i1 = std::min(Lq, i0 + kBr);
-        // The outputs go to a scratch block (rows i0 … i1 of this task).
-        ForwardArgs<T> fb = f;
-        T* ob = out_buf.data() + std::size_t(tid) * std::size_t(kBr * Dv);
-        fb.out = TensorView<T>{ob - i0 * Dv, B, Hq, Lq, Dv, 0, 0, Dv};
-        forward_block<T, Continuum>(fb, b, h, i0, i1, scale, ws, stat_m.data(), stat_l.data());
+        forward_block<T, Continuum, true>(f, b, h, i0, i1, scale, ws, stat_m.data(), stat_l.data());
       }
     }
   }
@@ -1034,6 +1040,7 @@ bool backward_via_double(const BackwardArgs<float>& a, double scale) {
             const index_t h = hk * group + g, r = g * Lq + i;
             std::copy_n(a.query.row(b, h, i), D, q.data() + r * D);
             std::copy_n(a.grad_out.row(b, h, i), Dv, go.data() + r * Dv);
+            std::copy_n(a.out.row(b, h, i), Dv, o.data() + r * Dv);
             tau[std::size_t(r)] = double(temperature_of(a.temperature, b, h, i, Hq, Lq));
           }
         for (index_t j = 0; j < Lk; ++j) {
@@ -1043,13 +1050,13 @@ bool backward_via_double(const BackwardArgs<float>& a, double scale) {
         Visibility vis = a.visibility;
         if (vis.range_lo) vis.range_lo += b * Lq;
         if (vis.range_hi) vis.range_hi += b * Lq;
-        // Row statistics and o in double (the stored float lse and out are
-        // rounded; P and Dl must carry double accuracy).
+        // Row statistics (max m, Σ α e^{-m}) in double: the stored float lse is
+        // rounded, P must carry double accuracy. Dl uses the given out (as the
+        // exact kernel does).
         ForwardArgs<double> f;
         f.query = TensorView<const double>::bhsd(q.data(), 1, group, Lq, D);
         f.key = TensorView<const double>::bhsd(k.data(), 1, 1, Lk, D);
         f.value = TensorView<const double>::bhsd(v.data(), 1, 1, Lk, Dv);
-        f.out = TensorView<double>::bhsd(o.data(), 1, group, Lq, Dv);
         f.kernel = a.kernel;
         f.temperature.shape = TemperatureShape::per_query;
         f.temperature.data = tau.data();
@@ -1060,8 +1067,8 @@ bool backward_via_double(const BackwardArgs<float>& a, double scale) {
           ForwardWorkspace<double> fws(D, Dv);
           for (index_t g = 0; g < group; ++g)
             for (index_t qb = 0; qb < nqb; ++qb)
-              forward_block<double, Continuum>(f, 0, g, qb * kBr, std::min(Lq, qb * kBr + kBr), scale, fws,
-                                               sm.data(), sl.data());
+              forward_block<double, Continuum, true>(f, 0, g, qb * kBr, std::min(Lq, qb * kBr + kBr), scale, fws,
+                                                     sm.data(), sl.data());
         }
         BackwardArgs<double> s;
         s.query = f.query;
