@@ -576,6 +576,14 @@ TEST_CASE("non-finite inputs reach only the rows that see them", "[operator][smo
     CHECK(std::isfinite(r.lse[i]));
   }
   for (index_t i = 5; i < 8; ++i) CHECK(std::isnan(r.out[i * 2 + 1]));
+  // Backward: dQ of rows 0..4 (which see neither key 5 nor value 6) stays finite.
+  std::vector<double> dout(p.Lq * p.Dv, 1.0);
+  Run<float> rb;
+  auto ba = backward_args<float>(p, rb, dout);
+  attention_backward(cpu, ba);
+  for (index_t i = 0; i < 5 * 4; ++i) CHECK(std::isfinite(rb.dq[i]));
+  for (index_t i = 0; i < 5; ++i) CHECK(std::isfinite(rb.dtau[i]));
+  CHECK(std::isnan(rb.dq[5 * 4]));
 }
 
 TEST_CASE("called inside the caller's OpenMP region: serial, same result", "[operator][smoke]") {
@@ -592,4 +600,44 @@ TEST_CASE("called inside the caller's OpenMP region: serial, same result", "[ope
 #endif
   for (int t = 0; t < 4; ++t) attention_forward(cpu, as[t]);
   for (auto& r : rs) CHECK(std::memcmp(r.out.data(), r0.out.data(), r0.out.size() * 4) == 0);
+}
+
+TEST_CASE("tiny temperature: gradients keep their relative accuracy (W12, analytic)", "[operator][smoke]") {
+  // q = (1, 0), raw scores r = (3, -2, 10, 6, -8), scale 1, v_j = (j+1, -j),
+  // dO = (1, 1/2). For gaps δ = Δr/τ ≫ 1 the weights are rational up to
+  // e^{-δ} terms: α_2 = 1/δ_l + 1/δ_r = Z, α_1 = 1/δ_l², α_3 = 1/δ_r² (δ_l = 12/τ,
+  // δ_r = 4/τ), so L = dO·o = dO·v_2 + τ (−1/2·1/48 + 1/2·3/16) = dO·v_2 + τ/12:
+  // dL/dτ = 1/12 and dL/dq_0 = −τ/12 exactly (up to e^{-δ}), at every τ ≤ 1e-3.
+  const double s1[5] = {3, -2, 10, 6, -8};
+  auto run = [&](auto zero, double tau, double& dtau, double& dq0) {
+    using T = decltype(zero);
+    T q[2] = {1, 0}, k[10], v[10], o[2], lse[1], dO[2] = {1, 0.5}, dq[2], dk[10], dv[10], dt[1];
+    for (int j = 0; j < 5; ++j) { k[2 * j] = T(s1[j]); k[2 * j + 1] = 0; v[2 * j] = T(j + 1); v[2 * j + 1] = T(-j); }
+    ForwardArgs<T> a;
+    a.query = TensorView<T>::bhsd(q, 1, 1, 1, 2); a.key = TensorView<T>::bhsd(k, 1, 1, 5, 2);
+    a.value = TensorView<T>::bhsd(v, 1, 1, 5, 2); a.out = TensorView<T>::bhsd(o, 1, 1, 1, 2); a.lse = lse;
+    a.temperature.value = T(tau); a.scale = 1.0;
+    attention_forward(cpu, a);
+    BackwardArgs<T> b;
+    b.query = a.query; b.key = a.key; b.value = a.value; b.out = a.out;
+    b.grad_out = TensorView<T>::bhsd(dO, 1, 1, 1, 2);
+    b.grad_query = TensorView<T>::bhsd(dq, 1, 1, 1, 2); b.grad_key = TensorView<T>::bhsd(dk, 1, 1, 5, 2);
+    b.grad_value = TensorView<T>::bhsd(dv, 1, 1, 5, 2); b.grad_temperature = dt;
+    b.temperature = a.temperature; b.scale = 1.0;
+    attention_backward(cpu, b);
+    dtau = dt[0];
+    dq0 = dq[0] / double(T(tau));
+  };
+  for (double tau : {1e-3, 1e-6, 1e-20, 1e-30, 1e-38, 1e-100}) {
+    double dtau, dq0;
+    run(0.0, tau, dtau, dq0);
+    INFO("double tau " << tau << " dtau " << dtau << " dq0/tau " << dq0);
+    CHECK(std::abs(dtau - 1.0 / 12) <= 1e-14);
+    CHECK(std::abs(dq0 + 1.0 / 12) <= 1e-14);
+    if (tau < 1e-40) continue;  // float: τ = 1e-38 is subnormal, still valid
+    run(0.0f, tau, dtau, dq0);
+    INFO("float tau " << tau << " dtau " << dtau << " dq0/tau " << dq0);
+    CHECK(std::abs(dtau - 1.0 / 12) <= 1e-7);
+    CHECK(std::abs(dq0 + 1.0 / 12) <= 1e-7);
+  }
 }

@@ -12,15 +12,23 @@ namespace continuum {
 ///   dV_j = Σ_i P_ij dO_i,  dQ_i = c_i Σ_j dS_ij k_j,  dK_j = Σ_i c_i dS_ij q_i,
 ///   dτ_i = -(1/τ_i) Σ_j dS_ij s_ij,
 /// with dS the tridiagonal continuum stencil applied to dα_ij = (dP_ij − Dl_i)/Z_i,
-/// dP_ij = dO_i·v_j, Dl_i = dO_i·o_i (softmax/focal: dS_ij = P_ij (dP_ij − Dl_i)).
+/// dP_ij = dO_i·v_j, Dl_i = Σ_j P_ij dP_ij = dO_i·o_i (softmax/focal:
+/// dS_ij = P_ij (dP_ij − Dl_i)).
+/// The CPU backend forms dP_ij − Dl_i relative to the row's reference key (its
+/// first key at the maximum score) and gets dS there from Σ_j dS_ij = 0 in a
+/// cancellation-free form, so gradients keep their relative accuracy where P
+/// is concentrated (tiny τ: dQ, dK = O(τ) are not swamped by c·ε).
 /// \tparam T  float or double (storage); the CPU backend computes in double.
 /// \param args.query, key, value, temperature, scale, visibility, kernel  exactly
 ///            as given to attention_forward.
-/// \param args.out       [B, Hq, Lq, Dv], the forward's output (used for Dl).
+/// \param args.out       [B, Hq, Lq, Dv], the forward's output; shape-checked but
+///            not read by the CPU backend (it computes Dl from P and dP in
+///            double instead of from o rounded to T).
 /// \param args.grad_out  [B, Hq, Lq, Dv], dO.
-/// \param args.lse       ignored by the CPU backend (may be null): the row
-///            maximum and Z_i are recomputed with the forward's own code, so P
-///            is the forward's P even when lse overflowed T.
+/// \param args.lse       ignored by the CPU backend (may be null): each row's
+///            maximum and Z_i are recomputed from Q, K (same tiles and
+///            primitives as the forward, equal to its P within rounding), which
+///            also works where lse overflowed T.
 /// \param[out] args.grad_query [B, Hq, Lq, D], grad_key [B, Hk, Lk, D],
 ///            grad_value [B, Hk, Lk, Dv]: views like Q, K, V; a view with null
 ///            data is not computed. For GQA dK/dV sum the query heads sharing a
@@ -31,6 +39,11 @@ namespace continuum {
 /// \note Deterministic: bitwise identical for any thread count (query blocks
 ///       own dQ, key tiles own dK/dV, fixed summation orders, no atomics).
 ///       Empty rows give zero gradients. Memory O(B·Hq·Lq + tiles).
+///       Range limit (double storage only): where the score gaps c·|Δ(q·k)|
+///       around a row's maximum exceed ~1e150, neighbour weights (~1/δ²)
+///       underflow and that row's dQ, dK, dτ flush to 0; beyond ~1e300 every
+///       weight underflows (forward: mean value of the maximal keys; backward:
+///       dV only). Float storage never reaches these (computed in double).
 template <class Backend, class T>
 void attention_backward(Backend, const BackwardArgs<T>& args) {
   double scale = 1.0;

@@ -100,8 +100,8 @@ template <class T>
 struct BackwardArgs {
   TensorView<const T> query, key, value, out, grad_out;
   /// The forward's lse; optional. The CPU backend ignores it and recomputes
-  /// each row's maximum and Z with the forward's own code (so P is the
-  /// forward's P even where lse overflowed T); other backends may use it.
+  /// each row's maximum and Z (so it also works where lse overflowed T);
+  /// other backends may use it. `out` is likewise not read by the CPU backend.
   const T* lse = nullptr;
   TensorView<T> grad_query, grad_key, grad_value;
   T* grad_temperature = nullptr;

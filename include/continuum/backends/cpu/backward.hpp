@@ -1,16 +1,20 @@
 // backends/cpu/backward.hpp — the CPU backward pass (SPEC §6), deterministic
 // and without atomics:
-//  pass A, per (batch, query head, block of 16 queries): recompute the row
-//    statistics (raw maximum m_i and Σ_j α̃_ij, with exactly the forward's
-//    online code, so P is the forward's P), Dl_i = dO_i·o_i, then sweep the key
-//    tiles again for dS_ij and accumulate dQ_i = c_i Σ_j dS_ij k_j and the
-//    row's dτ term; the query block owns dQ;
+//  pass A, per (batch, query head, block of 16 queries): sweep 0 finds each
+//    row's raw maximum and reference key ref (first key at the maximum);
+//    sweep 1 sums Z̃ = Σ_j α̃_j and Dl − dP_ref = Σ_j P_j (dP_j − dP_ref) and
+//    gets Z̃·dS_ref without cancellation (reference_grad_score); in the split
+//    scheme sweep 2 then accumulates dQ_i = c_i Σ_j dS_ij k_j and the row's
+//    dτ term: the query block owns dQ;
 //  pass B, per (batch, KV head, tile of 64 keys): for the query heads that
 //    share the KV head (ascending) and every query row that sees a key of the
 //    tile (ascending), recompute P and dS and accumulate dV_j = Σ_i P_ij dO_i and
-//    dK_j = Σ_i c_i dS_ij q_i; the key tile owns dK and dV;
+//    dK_j = Σ_i c_i dS_ij q_i: the key tile owns dK and dV. In the fused scheme
+//    one item per (batch, KV head) runs all its key tiles and also
+//    accumulates dQ, in the same order as sweep 2 (same bits);
 //  dτ is reduced serially in a fixed order over what shares τ.
-// Memory: O(B·Hq·Lq) row statistics plus per-thread tiles; no Lq × Lk matrix.
+// Memory: O(B·Hq·Lq) row statistics plus per-thread tiles (fused: plus
+// O(group·Lq·D) per item); no Lq × Lk matrix.
 #pragma once
 
 #include <cmath>
@@ -25,7 +29,10 @@ namespace cpu_detail {
 
 /// Row statistics saved by pass A for pass B (compute type, [B, Hq, Lq]).
 struct RowStats {
-  std::vector<double> m, sum, dl, dtau;
+  /// m: raw maximum; sum: Σ α̃; dl: Dl − dP_ref; dpref: dP at the row's
+  /// reference key ref (first key at the maximum, −1 if none); dsref: Z̃·dS there.
+  std::vector<double> m, sum, dl, dpref, dsref, dtau;
+  std::vector<index_t> ref;
   /// Rows whose every weight underflowed (sum == 0 although keys are visible;
   /// double storage with score gaps c·Δr beyond ~1e300 only): the number of
   /// keys at the raw maximum. The forward returns their mean value (the
@@ -33,6 +40,66 @@ struct RowStats {
   /// dQ, dK, dτ contribution from the row (documented limitation).
   std::vector<double> ties;
 };
+
+/// Z̃·dS at the reference key of a row (its first key at the raw maximum),
+/// in a form without cancellation (see backward_query_block):
+///   Z̃·dS_ref = −P_ref·E_far − Σ_{k=ref±1} h_k (α̃_k − ∂α̃_k/∂s_ref)
+///              + (1 − P_ref)·Σ_{k=ref±1} h_k α̃_k,
+/// with h_k = dP_k − dP_ref, E_far = Σ_{|k−ref|>1} h_k α̃_k, P_ref = α̃_ref/Z̃,
+/// 1 − P_ref = Σ_{k≠ref} α̃_k / Z̃. The near terms are evaluated here from the
+/// scores of keys ref−2 … ref+2: α̃_k − ∂α̃_k/∂s_ref is the weight of k's other
+/// side plus ∂w(s_k, s_ref)/∂s_k, a sum of positive terms.
+template <class T, class Stencil>
+double reference_grad_score(const BackwardArgs<T>& a, const AttentionShape& sh, index_t b, index_t hq,
+                            index_t i, KeyRange rg, index_t ref, double c, double m, double dpref,
+                            double alpha_ref, double alpha_other, double sum, double e_far,
+                            double e_near) {
+  using S = detail::SegmentStencil<Stencil>;
+  const double p_ref = alpha_ref / sum, p_other = alpha_other / sum;
+  double d = -p_ref * e_far;
+  if constexpr (S::has_halo) {
+    const index_t hk = hq / sh.group(), D = sh.dim, Dv = sh.dim_v;
+    const T* qi = a.query.row(b, hq, i);
+    const T* go = a.grad_out.row(b, hq, i);
+    auto score = [&](index_t j) {
+      return detail::shifted_score(c, raw_dot(qi, a.key.row(b, hk, j), D), m);
+    };
+    auto dp = [&](index_t j) { return raw_dot(go, a.value.row(b, hk, j), Dv); };
+    const double s_ref = score(ref);
+    double near = 0.0;
+    for (int side = -1; side <= 1; side += 2) {
+      const index_t k = ref + side;
+      if (k < rg.lo || k >= rg.hi) continue;
+      const double sk = score(k);
+      double d_left, d_right, cp, own_dx;
+      if (side < 0) {
+        S::derivatives(sk, s_ref, &d_left, &d_right, &cp);
+        own_dx = d_left;
+      } else {
+        S::derivatives(s_ref, sk, &d_left, &d_right, &cp);
+        own_dx = d_right;
+      }
+      const index_t o = k + side;  // k's other neighbour
+      double other;
+      if (o >= rg.lo && o < rg.hi) {
+        double wl, wr;
+        if (side < 0) {
+          S::weights(score(o), sk, &wl, &wr);
+          other = wr;
+        } else {
+          S::weights(sk, score(o), &wl, &wr);
+          other = wl;
+        }
+      } else {
+        other = S::half_cell(sk);
+      }
+      const double h = dp(k) - dpref;
+      near += h * (other + own_dx);
+    }
+    d += -near + p_other * e_near;
+  }
+  return d;
+}
 
 template <class T, class Stencil>
 void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, double scale,
@@ -44,14 +111,16 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
   const index_t nq = (Lq - i0) < block_q ? (Lq - i0) : block_q;
 
   KeyRange rg[block_q];
-  double c[block_q], dl[block_q], dtau[block_q];
-  detail::OnlineRow<double> st[block_q];
+  index_t ref[block_q];
+  double c[block_q], m[block_q], sum[block_q], dl[block_q], dtau[block_q], dpref[block_q];
+  double a_ref[block_q], a_other[block_q], e_far[block_q], e_near[block_q], dsref[block_q];
   index_t klo = Lk, khi = 0;
   for (index_t r = 0; r < nq; ++r) {
     rg[r] = visible_range(a.visibility, b, i0 + r, Lq, Lk);
     c[r] = scale / temperature_of(a.temperature, b, hq, i0 + r, sh.heads_q, Lq);
-    dtau[r] = 0.0;
-    dl[r] = 0.0;
+    ref[r] = -1;
+    m[r] = -__builtin_huge_val();
+    sum[r] = dtau[r] = dl[r] = dpref[r] = a_ref[r] = a_other[r] = e_far[r] = e_near[r] = dsref[r] = 0.0;
     if (!rg[r].empty()) {
       klo = rg[r].lo < klo ? rg[r].lo : klo;
       khi = rg[r].hi > khi ? rg[r].hi : khi;
@@ -66,47 +135,94 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
     Workspace::fit(ws.dod, nq * Dv);
     load_rows(a.query, b, hq, i0, nq, ws.qd.data());
     load_rows(a.grad_out, b, hq, i0, nq, ws.dod.data());
-    // Dl_i = dO_i · o_i (SPEC §6), first.
-    for (index_t r = 0; r < nq; ++r) {
-      if (rg[r].empty()) continue;
-      const T* o = a.out.row(b, hq, i0 + r);
-      const double* g = ws.dod.data() + r * Dv;
-      double s = 0.0;
-      for (index_t e = 0; e < Dv; ++e) s += g[e] * static_cast<double>(o[e]);
-      dl[r] = s;
-    }
     const index_t maxc = block_k + 2;
     Workspace::fit(ws.kt, maxc * D);
+    Workspace::fit(ws.vt, maxc * Dv);
     Workspace::fit(ws.s, nq * maxc);
+    Workspace::fit(ws.dp, nq * maxc);
     Workspace::fit(ws.w, block_k);
     Workspace::fit(ws.ds, block_k);
     const index_t kfirst = (klo / block_k) * block_k;
-    // Sweep 1: row statistics, the forward's online code.
+    auto tile_cols = [&](index_t k0, index_t& k1, index_t& c0, index_t& c1) {
+      k1 = (k0 + block_k) < khi ? (k0 + block_k) : khi;
+      c0 = (k0 - 1) > klo ? (k0 - 1) : klo;
+      c1 = (k1 + 1) < khi ? (k1 + 1) : khi;
+    };
+    // Sweep 0: each row's raw maximum m_i and reference key ref_i (its first
+    // visible key at the maximum).
     for (index_t k0 = kfirst; k0 < khi; k0 += block_k) {
-      const index_t k1 = (k0 + block_k) < khi ? (k0 + block_k) : khi;
-      const index_t c0 = (k0 - 1) > klo ? (k0 - 1) : klo;
-      const index_t c1 = (k1 + 1) < khi ? (k1 + 1) : khi;
+      index_t k1, c0, c1;
+      tile_cols(k0, k1, c0, c1);
       const index_t nc = c1 - c0;
       load_rows_transposed(a.key, b, hk, c0, nc, ws.kt.data());
       tile_product(ws.qd.data(), nq, D, ws.kt.data(), nc, ws.s.data());
       for (index_t r = 0; r < nq; ++r) {
+        const index_t ja = k0 > rg[r].lo ? k0 : rg[r].lo, jb = k1 < rg[r].hi ? k1 : rg[r].hi;
+        const double* sr = ws.s.data() + r * nc;
+        for (index_t j = ja; j < jb; ++j)
+          if (sr[j - c0] > m[r]) {
+            m[r] = sr[j - c0];
+            ref[r] = j;
+          }
+      }
+    }
+    for (index_t r = 0; r < nq; ++r)
+      if (ref[r] >= 0) dpref[r] = raw_dot(a.grad_out.row(b, hq, i0 + r), a.value.row(b, hk, ref[r]), Dv);
+    // Sweep 1: Z̃ = Σ_j α̃_j (shifted by the final maximum) and, with
+    // h_j = dP_j − dP_ref, Dl − dP_ref = Σ_j P_j h_j (SPEC §6: Dl = Σ_j P_j dP_j
+    // = dO·o). Splitting off the reference key removes the cancellation of
+    // dP_j − Dl where P is concentrated (tiny τ, W12): the forward's out
+    // (rounded to T) is not read, and the sums are kept apart as needed by
+    // reference_grad_score.
+    for (index_t k0 = kfirst; k0 < khi; k0 += block_k) {
+      index_t k1, c0, c1;
+      tile_cols(k0, k1, c0, c1);
+      const index_t nc = c1 - c0;
+      load_rows_transposed(a.key, b, hk, c0, nc, ws.kt.data());
+      load_rows_transposed(a.value, b, hk, c0, nc, ws.vt.data());
+      tile_product(ws.qd.data(), nq, D, ws.kt.data(), nc, ws.s.data());
+      tile_product(ws.dod.data(), nq, Dv, ws.vt.data(), nc, ws.dp.data());
+      for (index_t r = 0; r < nq; ++r) {
         const index_t lo = rg[r].lo, hi = rg[r].hi;
         const index_t ja = k0 > lo ? k0 : lo, jb = k1 < hi ? k1 : hi;
         if (ja >= jb) continue;
-        const index_t ca = c0 > lo ? c0 : lo, cb = c1 < hi ? c1 : hi;
-        row_tile_update<Stencil>(ws.s.data() + r * nc, c0, lo, hi, ja, jb, ca, cb, c[r], st[r],
-                                 ws.w.data());
+        const double* sr = ws.s.data() + r * nc;
+        const double* pr = ws.dp.data() + r * nc;
+        const double mr = m[r], cr = c[r], dpr = dpref[r];
+        double* w = ws.w.data();
+        detail::row_stencil<Stencil>(
+            lo, hi, ja, jb, [&](index_t j) { return detail::shifted_score(cr, sr[j - c0], mr); }, w,
+            [](index_t) { return 0.0; }, nullptr);
+        for (index_t j = ja; j < jb; ++j) {
+          const double al = w[j - ja];
+          if (al == 0.0) continue;
+          sum[r] += al;
+          if (j == ref[r]) {
+            a_ref[r] += al;
+            continue;
+          }
+          a_other[r] += al;
+          const double h = (pr[j - c0] - dpr) * al;
+          if (detail::SegmentStencil<Stencil>::has_halo && (j == ref[r] - 1 || j == ref[r] + 1))
+            e_near[r] += h;
+          else e_far[r] += h;
+        }
       }
     }
-    // Sweep 2: dS, dQ and the dτ terms (shifted scores: Σ_j dS_ij = 0).
+    for (index_t r = 0; r < nq; ++r) {
+      if (rg[r].empty() || sum[r] == 0.0 || ref[r] < 0) continue;
+      dl[r] = (e_far[r] + e_near[r]) / sum[r];
+      dsref[r] = reference_grad_score<T, Stencil>(a, sh, b, hq, i0 + r, rg[r], ref[r], c[r], m[r],
+                                                  dpref[r], a_ref[r], a_other[r], sum[r], e_far[r],
+                                                  e_near[r]);
+    }
+    // Sweep 2 (split scheme only): dS, dQ and the dτ terms (shifted scores:
+    // Σ_j dS_ij = 0).
     if (want_dq) {
       Workspace::fit(ws.kd, maxc * D);
-      Workspace::fit(ws.vt, maxc * Dv);
-      Workspace::fit(ws.dp, nq * maxc);
       for (index_t k0 = kfirst; k0 < khi; k0 += block_k) {
-        const index_t k1 = (k0 + block_k) < khi ? (k0 + block_k) : khi;
-        const index_t c0 = (k0 - 1) > klo ? (k0 - 1) : klo;
-        const index_t c1 = (k1 + 1) < khi ? (k1 + 1) : khi;
+        index_t k1, c0, c1;
+        tile_cols(k0, k1, c0, c1);
         const index_t nc = c1 - c0;
         load_rows_transposed(a.key, b, hk, c0, nc, ws.kt.data());
         load_rows(a.key, b, hk, c0, nc, ws.kd.data());
@@ -116,20 +232,21 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
         for (index_t r = 0; r < nq; ++r) {
           const index_t lo = rg[r].lo, hi = rg[r].hi;
           const index_t ja = k0 > lo ? k0 : lo, jb = k1 < hi ? k1 : hi;
-          if (ja >= jb || st[r].sum == 0.0) continue;
+          if (ja >= jb || sum[r] == 0.0) continue;
           const double* sr = ws.s.data() + r * nc;
           const double* pr = ws.dp.data() + r * nc;
-          const double m = st[r].m, cr = c[r], inv = 1.0 / st[r].sum, dlr = dl[r];
+          const double mr = m[r], cr = c[r], inv = 1.0 / sum[r], dlr = dl[r], dpr = dpref[r];
           double* dqr = dq + r * D;
           double* dsr = ws.ds.data();
           detail::row_stencil<Stencil>(
-              lo, hi, ja, jb, [&](index_t j) { return detail::shifted_score(cr, sr[j - c0], m); },
-              nullptr, [&](index_t j) { return pr[j - c0] - dlr; }, dsr);
+              lo, hi, ja, jb, [&](index_t j) { return detail::shifted_score(cr, sr[j - c0], mr); },
+              nullptr, [&](index_t j) { return (pr[j - c0] - dpr) - dlr; }, dsr);
+          if (ref[r] >= ja && ref[r] < jb) dsr[ref[r] - ja] = dsref[r];
           for (index_t j = ja; j < jb; ++j) {
             const double ds = dsr[j - ja] * inv;
             if (ds == 0.0) continue;
             axpy(dqr, ds, ws.kd.data() + (j - c0) * D, D);
-            const double s = detail::shifted_score(cr, sr[j - c0], m);
+            const double s = detail::shifted_score(cr, sr[j - c0], mr);
             if (s > -__builtin_huge_val()) dtau[r] += ds * s;
           }
         }
@@ -141,14 +258,17 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
     const index_t i = i0 + r;
     const index_t row_id = (b * sh.heads_q + hq) * Lq + i;
     const double tau = temperature_of(a.temperature, b, hq, i, sh.heads_q, Lq);
-    rs.m[row_id] = st[r].m;
-    rs.sum[row_id] = rg[r].empty() ? 0.0 : st[r].sum;
+    rs.m[row_id] = m[r];
+    rs.sum[row_id] = rg[r].empty() ? 0.0 : sum[r];
     rs.dl[row_id] = dl[r];
+    rs.dpref[row_id] = dpref[r];
+    rs.ref[row_id] = ref[r];
+    rs.dsref[row_id] = dsref[r];
     rs.dtau[row_id] = -dtau[r] / tau;
-    if (!rg[r].empty() && st[r].sum == 0.0) {
+    if (!rg[r].empty() && sum[r] == 0.0) {
       double n = 0.0;
       for (index_t j = rg[r].lo; j < rg[r].hi; ++j)
-        if (raw_dot(a.query.row(b, hq, i), a.key.row(b, hk, j), D) == st[r].m) n += 1.0;
+        if (raw_dot(a.query.row(b, hq, i), a.key.row(b, hk, j), D) == m[r]) n += 1.0;
       rs.ties[row_id] = n;
     }
     if (a.grad_query.data && want_dq) {
@@ -233,7 +353,7 @@ void backward_key_block(const BackwardArgs<T>& a, const AttentionShape& sh, doub
             if (ties > 0.0 && sr[j - c0] == rs.m[row_id]) axpy(dv + (j - k0) * Dv, 1.0 / ties, gr_o, Dv);
           continue;
         }
-        const double m = rs.m[row_id], dlr = rs.dl[row_id], inv = 1.0 / sum;
+        const double m = rs.m[row_id], dlr = rs.dl[row_id], dpr = rs.dpref[row_id], inv = 1.0 / sum;
         const double cr = scale / temperature_of(a.temperature, b, hq, i, sh.heads_q, Lq);
         const double* pr = ws.dp.data() + r * nc;
         const double* qr = ws.qd.data() + r * D;
@@ -241,7 +361,9 @@ void backward_key_block(const BackwardArgs<T>& a, const AttentionShape& sh, doub
         double* dsr = ws.ds.data();
         detail::row_stencil<Stencil>(
             lo, hi, ja, jb, [&](index_t j) { return detail::shifted_score(cr, sr[j - c0], m); }, wr,
-            [&](index_t j) { return pr[j - c0] - dlr; }, dsr);
+            [&](index_t j) { return (pr[j - c0] - dpr) - dlr; }, dsr);
+        const index_t rf = rs.ref[row_id];
+        if (rf >= ja && rf < jb) dsr[rf - ja] = rs.dsref[row_id];
         double* dqr = dq_acc ? dq_acc + (g * Lq + i) * D : nullptr;
         for (index_t j = ja; j < jb; ++j) {
           const double p = wr[j - ja] * inv;
@@ -277,6 +399,9 @@ void backward(const BackwardArgs<T>& a, const AttentionShape& sh, double scale) 
   rs.m.assign(static_cast<std::size_t>(rows), 0.0);
   rs.sum.assign(static_cast<std::size_t>(rows), 0.0);
   rs.dl.assign(static_cast<std::size_t>(rows), 0.0);
+  rs.dpref.assign(static_cast<std::size_t>(rows), 0.0);
+  rs.dsref.assign(static_cast<std::size_t>(rows), 0.0);
+  rs.ref.assign(static_cast<std::size_t>(rows), -1);
   rs.dtau.assign(static_cast<std::size_t>(rows), 0.0);
   rs.ties.assign(static_cast<std::size_t>(rows), 0.0);
   const double work = static_cast<double>(rows) * static_cast<double>(sh.len_k);
