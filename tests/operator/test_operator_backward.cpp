@@ -214,3 +214,38 @@ TEST_CASE("backward equals central finite differences of the forward (double)", 
   CHECK(ev < 1e-6);
   CHECK(et < 1e-6);
 }
+
+TEMPLATE_TEST_CASE("backward across key and query tiles with explicit ranges", "[operator][backward][tiles]",
+                   float, double) {
+  // As the forward tiles test: ranges on both sides of the 64-key and 16-query
+  // tile boundaries, GQA, per-query τ; long double reference.
+  const auto shape = GENERATE(std::make_pair(33, 130), std::make_pair(17, 200), std::make_pair(70, 65));
+  const int mode = GENERATE(0, 1, 2);
+  Case<TestType> c;
+  c.B = 2;
+  c.Hq = 4;
+  c.Hk = 2;
+  c.Lq = shape.first;
+  c.Lk = shape.second;
+  c.D = 9;
+  c.Dv = 4;
+  c.tshape = TemperatureShape::per_query;
+  auto rng = rng_for(static_cast<std::uint64_t>(shape.first * 1000 + shape.second * 7 + mode + 50));
+  if (mode != 1) {
+    for (index_t b = 0; b < c.B; ++b)
+      for (index_t i = 0; i < c.Lq; ++i) {
+        const index_t lo = static_cast<index_t>(rng() % static_cast<unsigned>(c.Lk));
+        const index_t hi = lo + static_cast<index_t>(rng() % static_cast<unsigned>(c.Lk - lo + 1));
+        c.range_lo.push_back(lo);
+        c.range_hi.push_back(hi);
+      }
+  }
+  if (mode >= 1) {
+    c.vis.causal = true;
+    c.vis.window = mode == 1 ? 70 : 0;
+  }
+  c.alloc();
+  c.fill_uniform(rng, -1.5, 1.5);
+  random_temperatures(c, rng);
+  check_backward<long double>(c, "tiles");
+}

@@ -20,6 +20,12 @@
 // checked against direct quadrature of the curve (SPEC §7.8) by
 // tests/reference/test_reference_quadrature.cpp.
 //
+// Precision needed. The forward is accurate to a few ulp of R. The backward
+// forms dα_ij = (dP_ij - Dl_i)/Z_i as written in SPEC §6; at the row maximum
+// this cancels to O(τ) when τ → 0 while dS_ij ~ τ², so dS carries an absolute
+// error ~ ε_R·|dO||v|: use ε_R ≪ τ² (e.g. 640 bits at τ = 1e-38; 256 bits
+// suffice for τ ≳ 1e-30 to ~17 digits).
+//
 // R must provide +, -, *, /, comparisons, and exp, expm1, log, sqrt found by
 // ADL or in std (mpfr::mpreal and the built-in floating types do). This
 // header does not include mpreal.h.
