@@ -582,7 +582,12 @@ struct RowInfo {
 template <class T, bool Continuum>
 void backward_head(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, index_t b, index_t hk, double scale,
                    BackwardWorkspace<T>& ws,
-                   std::vector<RowInfo<T>>& rows /* one per query head of the group */) {
+                   std::vector<RowInfo<T>>& rows /* one per query head of the group */,
+                   const double* dl_rows = nullptr /* Dl per row [group, Lq], else from a.out */,
+                   const BackwardArgs<float>* fout = nullptr /* write dK, dV here (float) instead */,
+                   index_t fb = 0, index_t fhk = 0) {
+  const bool want_dk = a.grad_key.data || (fout && fout->grad_key.data);
+  const bool want_dv = a.grad_value.data || (fout && fout->grad_value.data);
   const index_t Lq = a.query.seq, Lk = a.key.seq, D = a.query.dim, Dv = a.value.dim;
   const index_t Hq = a.query.heads, group = Hq / a.key.heads;
   const index_t ldk = a.key.stride_seq, ldv = a.value.stride_seq;
@@ -606,11 +611,15 @@ void backward_head(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, i
       const index_t row = (b * Hq + h) * Lq + i;
       ri.m[i] = stat_m[row];
       ri.inv_l[i] = stat_l ? (stat_l[row] > T(0) ? T(1) / stat_l[row] : T(0)) : T(1);
-      const T* o = a.out.row(b, h, i);
-      const T* go = a.grad_out.row(b, h, i);
-      T dl = T(0);
-      for (index_t d = 0; d < Dv; ++d) dl += go[d] * o[d];
-      ri.dl[i] = dl;
+      if (dl_rows) {
+        ri.dl[i] = T(dl_rows[gq * Lq + i]);
+      } else {
+        const T* o = a.out.row(b, h, i);
+        const T* go = a.grad_out.row(b, h, i);
+        T dl = T(0);
+        for (index_t d = 0; d < Dv; ++d) dl += go[d] * o[d];
+        ri.dl[i] = dl;
+      }
       if (ri.range[i].hi <= ri.range[i].lo || !(ri.m[i] > -std::numeric_limits<T>::infinity()) ||
           !(ri.inv_l[i] > T(0)))
         ri.range[i] = {0, 0};  // empty row: no contribution, zero gradients
@@ -729,9 +738,9 @@ void backward_head(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, i
           ri.dts[i] += dts;
         }
         const index_t ldp = ws.p.cols();
-        if (a.grad_value.data)
+        if (want_dv)
           gemm<T>(nc, Dv, nr, ws.p.data(), 1, ldp, ws.dout.data(), Dv, ws.dv.data(), Dv, true);
-        if (a.grad_key.data) gemm<T>(nc, D, nr, ws.ds.data(), 1, ldp, ws.q.data(), D, ws.dk.data(), D, true);
+        if (want_dk) gemm<T>(nc, D, nr, ws.ds.data(), 1, ldp, ws.q.data(), D, ws.dk.data(), D, true);
         if (a.grad_query.data)
           gemm<T>(nr, D, nc, ws.ds.data(), ldp, 1, a.key.row(b, hk, k0), ldk, a.grad_query.row(b, h, i0),
                   a.grad_query.stride_seq, true);
@@ -740,10 +749,20 @@ void backward_head(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, i
     if (a.grad_key.data) {
       StridedMap<T> dK(a.grad_key.row(b, hk, k0), nc, D, Eigen::OuterStride<>(a.grad_key.stride_seq));
       dK = ws.dk.topRows(nc);
+    } else if (fout && fout->grad_key.data) {
+      for (index_t j = 0; j < nc; ++j) {
+        float* dst = fout->grad_key.row(fb, fhk, k0 + j);
+        for (index_t d = 0; d < D; ++d) dst[d] = float(ws.dk(j, d));
+      }
     }
     if (a.grad_value.data) {
       StridedMap<T> dV(a.grad_value.row(b, hk, k0), nc, Dv, Eigen::OuterStride<>(a.grad_value.stride_seq));
       dV = ws.dv.topRows(nc);
+    } else if (fout && fout->grad_value.data) {
+      for (index_t j = 0; j < nc; ++j) {
+        float* dst = fout->grad_value.row(fb, fhk, k0 + j);
+        for (index_t d = 0; d < Dv; ++d) dst[d] = float(ws.dv(j, d));
+      }
     }
   }
   // dQ_i = c_i Σ_j dS_ij k_j: the scale was left out of the accumulation.
@@ -763,26 +782,26 @@ void backward_head(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, i
 template <class T>
 void write_grad_temperature(const BackwardArgs<T>& a, const std::vector<double>& dtau_rows) {
   const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq;
-    switch (a.temperature.shape) {
-      case TemperatureShape::scalar: {
-        double s = 0;
-        for (double v : dtau_rows) s += v;
-        *a.grad_temperature = T(s);
-        break;
-      }
-      case TemperatureShape::per_head:
-        for (index_t h = 0; h < Hq; ++h) {
-          double s = 0;
-          for (index_t b = 0; b < B; ++b)
-            for (index_t i = 0; i < Lq; ++i) s += dtau_rows[std::size_t((b * Hq + h) * Lq + i)];
-          a.grad_temperature[h] = T(s);
-        }
-        break;
-      case TemperatureShape::per_query:
-        for (std::size_t i = 0; i < dtau_rows.size(); ++i) a.grad_temperature[i] = T(dtau_rows[i]);
-        break;
+  switch (a.temperature.shape) {
+    case TemperatureShape::scalar: {
+      double s = 0;
+      for (double v : dtau_rows) s += v;
+      *a.grad_temperature = T(s);
+      break;
     }
+    case TemperatureShape::per_head:
+      for (index_t h = 0; h < Hq; ++h) {
+        double s = 0;
+        for (index_t b = 0; b < B; ++b)
+          for (index_t i = 0; i < Lq; ++i) s += dtau_rows[std::size_t((b * Hq + h) * Lq + i)];
+        a.grad_temperature[h] = T(s);
+      }
+      break;
+    case TemperatureShape::per_query:
+      for (std::size_t i = 0; i < dtau_rows.size(); ++i) a.grad_temperature[i] = T(dtau_rows[i]);
+      break;
   }
+}
 
 template <class T, bool Continuum>
 bool flash_backward_run(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, double scale, int threads,
@@ -1020,7 +1039,7 @@ bool backward_via_double(const BackwardArgs<float>& a, double scale) {
       serial_eigen_in_this_region();
       BackwardWorkspace<double> ws(D, Dv);
       std::vector<RowInfo<double>> rows(static_cast<std::size_t>(group));
-      std::vector<double> q, k, v, o, go, sm, sl, tau, dq, dk, dv;
+      std::vector<double> q, k, v, dl, go, sm, sl, tau, dq;
 #if defined(_OPENMP)
 #  pragma omp for schedule(dynamic, 1)
 #endif
@@ -1029,7 +1048,7 @@ bool backward_via_double(const BackwardArgs<float>& a, double scale) {
         const index_t nq = group * Lq;
         q.resize(std::size_t(nq * D));
         go.resize(std::size_t(nq * Dv));
-        o.resize(std::size_t(nq * Dv));
+        dl.resize(std::size_t(nq));
         sm.resize(std::size_t(nq));
         sl.resize(std::size_t(nq));
         tau.resize(std::size_t(nq));
@@ -1040,7 +1059,12 @@ bool backward_via_double(const BackwardArgs<float>& a, double scale) {
             const index_t h = hk * group + g, r = g * Lq + i;
             std::copy_n(a.query.row(b, h, i), D, q.data() + r * D);
             std::copy_n(a.grad_out.row(b, h, i), Dv, go.data() + r * Dv);
-            std::copy_n(a.out.row(b, h, i), Dv, o.data() + r * Dv);
+            // Dl_i = dO_i · o_i in double from the stored (float) out.
+            const float* oi = a.out.row(b, h, i);
+            const double* gi = go.data() + r * Dv;
+            double acc = 0;
+            for (index_t d = 0; d < Dv; ++d) acc += gi[d] * double(oi[d]);
+            dl[std::size_t(r)] = acc;
             tau[std::size_t(r)] = double(temperature_of(a.temperature, b, h, i, Hq, Lq));
           }
         for (index_t j = 0; j < Lk; ++j) {
@@ -1074,24 +1098,16 @@ bool backward_via_double(const BackwardArgs<float>& a, double scale) {
         s.query = f.query;
         s.key = f.key;
         s.value = f.value;
-        s.out = TensorView<const double>::bhsd(o.data(), 1, group, Lq, Dv);
         s.grad_out = TensorView<const double>::bhsd(go.data(), 1, group, Lq, Dv);
         if (a.grad_query.data) {
           dq.resize(std::size_t(nq * D));
           s.grad_query = TensorView<double>::bhsd(dq.data(), 1, group, Lq, D);
         }
-        if (a.grad_key.data) {
-          dk.resize(std::size_t(Lk * D));
-          s.grad_key = TensorView<double>::bhsd(dk.data(), 1, 1, Lk, D);
-        }
-        if (a.grad_value.data) {
-          dv.resize(std::size_t(Lk * Dv));
-          s.grad_value = TensorView<double>::bhsd(dv.data(), 1, 1, Lk, Dv);
-        }
+        // dK, dV go straight to the float outputs, one key tile at a time.
         s.kernel = a.kernel;
         s.temperature = f.temperature;
         s.visibility = vis;
-        backward_head<double, Continuum>(s, sm.data(), sl.data(), 0, 0, scale, ws, rows);
+        backward_head<double, Continuum>(s, sm.data(), sl.data(), 0, 0, scale, ws, rows, dl.data(), &a, b, hk);
         for (index_t g = 0; g < group; ++g)
           for (index_t i = 0; i < Lq; ++i) {
             const index_t h = hk * group + g, r = g * Lq + i;
@@ -1103,16 +1119,6 @@ bool backward_via_double(const BackwardArgs<float>& a, double scale) {
               dtau_rows[std::size_t((b * Hq + h) * Lq + i)] = -rows[std::size_t(g)].dts[std::size_t(i)] /
                                                               rows[std::size_t(g)].tau[std::size_t(i)];
           }
-        for (index_t j = 0; j < Lk; ++j) {
-          if (a.grad_key.data) {
-            float* dst = a.grad_key.row(b, hk, j);
-            for (index_t d = 0; d < D; ++d) dst[d] = float(dk[std::size_t(j * D + d)]);
-          }
-          if (a.grad_value.data) {
-            float* dst = a.grad_value.row(b, hk, j);
-            for (index_t d = 0; d < Dv; ++d) dst[d] = float(dv[std::size_t(j * Dv + d)]);
-          }
-        }
       }
     }
   }
