@@ -6,6 +6,7 @@
 
 #include "backend.hpp"
 #include "cpu/backward.hpp"
+#include "cpu/flash.hpp"
 #include "cpu/forward.hpp"
 
 namespace continuum {
@@ -16,12 +17,16 @@ struct attention_impl<cpu_t> {
   static void forward(const ForwardArgs<T>& args, const AttentionShape& shape, double scale) {
     static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
                   "continuum CPU backend: T must be float or double");
+    // The tiled kernels (cpu/flash.hpp) when the inputs suit them, else the
+    // exact double-accumulating kernel.
+    if (cpu_detail::flash::flash_forward<T, std::is_same<Stencil, ContinuumStencil>::value>(args, scale)) return;
     cpu_detail::forward<T, Stencil>(args, shape, scale);
   }
   template <class T, class Stencil>
   static void backward(const BackwardArgs<T>& args, const AttentionShape& shape, double scale) {
     static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
                   "continuum CPU backend: T must be float or double");
+    if (cpu_detail::flash::flash_backward<T, std::is_same<Stencil, ContinuumStencil>::value>(args, scale)) return;
     cpu_detail::backward<T, Stencil>(args, shape, scale);
   }
 };

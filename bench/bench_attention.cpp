@@ -1,0 +1,484 @@
+// bench_attention.cpp — Google Benchmark suite for the CPU operator.
+//
+// What it measures, all in one run so that ratios are taken side by side:
+//   * peak_fma/<float|double>/threads  — a register-resident FMA loop with enough
+//     independent accumulators to saturate the FMA pipes (AVX-512 when compiled
+//     with -march=native on an AVX-512 machine): the machine's practical peak.
+//   * eigen_gemm/...    — the two GEMMs of attention (S = Q·Kᵀ, O = S·V) with
+//     Eigen, per head, heads spread over the threads: the FLOP floor of an
+//     unfused implementation.
+//   * eigen_materialized/... — plain Eigen attention (GEMM, row softmax, GEMM)
+//     with the n×n matrix materialised: the textbook baseline.
+//   * attention/<kernel>/<visibility>/<fwd|fwdbwd>/<type>/n/threads — the
+//     operator (continuum, softmax, focal), forward or forward + backward.
+//
+// FLOP convention (flash-attention's benchmark): the forward costs 4·d per
+// visible (query, key) pair (2·d for q·k, 2·d for p·v; Dv = d), i.e. 4·n²·d per
+// head without a mask and about half of it causal (we count the exact number
+// of visible pairs); the backward costs 2.5× the forward, so fwd+bwd = 3.5×.
+// The stencil of continuum attention (moments, exps) is *not* counted: the
+// FLOP rate is "useful GEMM work per second", comparable across kernels.
+// Bytes: every input and output tensor touched once (Q, K, V, O, lse; plus dO,
+// dQ, dK, dV for the backward) — a lower bound of the memory traffic.
+// Counters: "FLOP/s", "bytes/s" and "frac_peak" (FLOP/s ÷ the peak_fma probe
+// of the same type and thread count, measured at start-up of this process).
+//
+// Inputs: uniform in [-1, 1], fixed seed (42); batch 1, 8 heads, head_dim 64
+// unless the name says otherwise. Wall-clock time (UseRealTime) since the
+// operator runs OpenMP threads.
+//
+// Extra mode: `bench_attention --memory_probe N D [float_arithmetic]` runs one
+// causal continuum forward and one backward at batch 1, 8 heads, Lq = Lk = N,
+// head_dim D, 2 threads (float storage; double arithmetic unless the fourth
+// argument says float_arithmetic), and
+// prints the peak-RSS growth (getrusage) beyond the allocated tensors, in MiB,
+// as JSON on stdout.
+#include <benchmark/benchmark.h>
+
+#include <Eigen/Dense>
+#include <continuum/continuum.hpp>
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#if defined(_OPENMP)
+#  include <omp.h>
+#endif
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Machine-peak probe.
+// ---------------------------------------------------------------------------
+#if defined(__AVX512F__)
+constexpr int kVecBytes = 64;
+constexpr const char* kIsa = "avx512";
+#elif defined(__AVX2__) || defined(__AVX__)
+constexpr int kVecBytes = 32;
+constexpr const char* kIsa = "avx2";
+#else
+constexpr int kVecBytes = 16;
+constexpr const char* kIsa = "sse";
+#endif
+
+template <class T>
+struct Vec {
+  typedef T type __attribute__((vector_size(kVecBytes)));
+};
+
+/// Runs `iters` rounds of kAcc independent FMA chains on full vectors and
+/// returns the number of floating-point operations done (2 per lane per FMA).
+/// 16 accumulators hide a 4-cycle FMA latency on 2 pipes with room to spare.
+template <class T>
+__attribute__((noinline)) double fma_kernel(long iters, T seed) {
+  using V = typename Vec<T>::type;
+  constexpr int kAcc = 16;
+  constexpr int kLanes = kVecBytes / int(sizeof(T));
+  V acc[kAcc];
+  V x, y;
+  for (int l = 0; l < kLanes; ++l) {
+    x[l] = T(1) + seed * T(1e-7);
+    y[l] = T(1e-7);
+  }
+  for (int a = 0; a < kAcc; ++a)
+    for (int l = 0; l < kLanes; ++l) acc[a][l] = seed * T(a);
+  for (long i = 0; i < iters; ++i) {
+#pragma GCC unroll 16
+    for (int a = 0; a < kAcc; ++a) acc[a] = acc[a] * x + y;
+    asm volatile("" : "+x"(x));  // keep the loop from being folded
+  }
+  T sink = 0;
+  for (int a = 0; a < kAcc; ++a)
+    for (int l = 0; l < kLanes; ++l) sink += acc[a][l];
+  benchmark::DoNotOptimize(sink);
+  return 2.0 * double(kAcc) * double(kLanes) * double(iters);
+}
+
+/// Peak FLOP/s with `threads` threads, best of a few 50 ms trials.
+template <class T>
+double measure_peak(int threads) {
+  const long iters = 2'000'000;
+  double best = 0;
+  for (int trial = 0; trial < 5; ++trial) {
+    const auto t0 = std::chrono::steady_clock::now();
+    double flops = 0;
+#if defined(_OPENMP)
+#  pragma omp parallel num_threads(threads) reduction(+ : flops)
+#endif
+    flops += fma_kernel<T>(iters, T(1));
+    const double dt =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, flops / dt);
+  }
+  return best;
+}
+
+/// Peaks measured once at start-up, keyed by (bytes of T, threads).
+std::map<std::pair<int, int>, double>& peaks() {
+  static std::map<std::pair<int, int>, double> p;
+  return p;
+}
+template <class T>
+double peak(int threads) {
+  auto& p = peaks();
+  const auto key = std::make_pair(int(sizeof(T)), threads);
+  auto it = p.find(key);
+  if (it == p.end()) it = p.emplace(key, measure_peak<T>(threads)).first;
+  return it->second;
+}
+
+template <class T>
+void BM_peak_fma(benchmark::State& st) {
+  const int threads = int(st.range(0));
+  const long iters = 200'000;
+  double flops = 0;
+  for (auto _ : st) {
+    double f = 0;
+#if defined(_OPENMP)
+#  pragma omp parallel num_threads(threads) reduction(+ : f)
+#endif
+    f += fma_kernel<T>(iters, T(1));
+    flops = f;
+  }
+  st.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["frac_peak"] =
+      benchmark::Counter(flops / peak<T>(threads), benchmark::Counter::kIsIterationInvariantRate);
+  st.SetLabel(kIsa);
+}
+
+// ---------------------------------------------------------------------------
+// Inputs and counters.
+// ---------------------------------------------------------------------------
+constexpr int kBatch = 1;
+constexpr int kHeads = 8;
+
+template <class T>
+std::vector<T> uniform(std::size_t n, unsigned seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  std::vector<T> v(n);
+  for (auto& x : v) x = T(u(rng));
+  return v;
+}
+
+enum class Vis { full, causal, window };
+constexpr long kWindow = 256;
+
+/// Exact number of visible (query, key) pairs per head, Lq = Lk = n.
+double visible_pairs(long n, Vis vis) {
+  switch (vis) {
+    case Vis::full: return double(n) * double(n);
+    case Vis::causal: return double(n) * double(n + 1) / 2;
+    case Vis::window: {
+      double s = 0;
+      for (long i = 0; i < n; ++i) s += double(std::min(i + 1, kWindow));
+      return s;
+    }
+  }
+  return 0;
+}
+
+/// All tensors of one benchmark case (BHSD, contiguous).
+template <class T>
+struct Problem {
+  long n, d;
+  std::vector<T> q, k, v, o, lse, dout, dq, dk, dv;
+  Problem(long n_, long d_, bool backward) : n(n_), d(d_) {
+    const std::size_t sz = std::size_t(kBatch) * kHeads * n * d;
+    q = uniform<T>(sz, 42);
+    k = uniform<T>(sz, 43);
+    v = uniform<T>(sz, 44);
+    o.assign(sz, T(0));
+    lse.assign(std::size_t(kBatch) * kHeads * n, T(0));
+    if (backward) {
+      dout = uniform<T>(sz, 45);
+      dq.assign(sz, T(0));
+      dk.assign(sz, T(0));
+      dv.assign(sz, T(0));
+    }
+  }
+  continuum::TensorView<T> view(std::vector<T>& x) {
+    return continuum::TensorView<T>::bhsd(x.data(), kBatch, kHeads, n, d);
+  }
+  continuum::TensorView<const T> cview(std::vector<T>& x) { return view(x); }
+};
+
+continuum::Visibility make_visibility(Vis vis) {
+  continuum::Visibility v;
+  v.causal = vis != Vis::full;
+  v.window = vis == Vis::window ? kWindow : 0;
+  return v;
+}
+
+const char* vis_name(Vis v) {
+  return v == Vis::full ? "full" : v == Vis::causal ? "causal" : "window";
+}
+
+template <class T>
+void set_counters(benchmark::State& st, double flops, double bytes, int threads) {
+  st.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["bytes/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["frac_peak"] =
+      benchmark::Counter(flops / peak<T>(threads), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// ---------------------------------------------------------------------------
+// The operator.
+// ---------------------------------------------------------------------------
+template <class T>
+void BM_attention(benchmark::State& st, continuum::Kernel kernel, Vis vis, bool backward, bool float_arith) {
+  const long n = st.range(0);
+  const long d = st.range(1);
+  const int threads = int(st.range(2));
+  Problem<T> p(n, d, backward);
+
+  continuum::ForwardArgs<T> fa;
+  fa.query = p.cview(p.q);
+  fa.key = p.cview(p.k);
+  fa.value = p.cview(p.v);
+  fa.out = p.view(p.o);
+  fa.lse = p.lse.data();
+  fa.kernel = kernel;
+  // focal at the operator level is softmax at a fixed temperature t < 1 (SPEC §8);
+  // 0.4 is the focal paper's best. The paper runs every method at τ = 0.3; the
+  // cost does not depend on τ, so the other kernels keep τ = 1.
+  if (kernel == continuum::Kernel::focal) fa.temperature.value = T(0.4);
+  fa.visibility = make_visibility(vis);
+  fa.num_threads = threads;
+  fa.float_arithmetic = float_arith;
+
+  continuum::BackwardArgs<T> ba;
+  if (backward) {
+    ba.query = fa.query;
+    ba.key = fa.key;
+    ba.value = fa.value;
+    ba.out = p.cview(p.o);
+    ba.grad_out = p.cview(p.dout);
+    ba.lse = p.lse.data();
+    ba.grad_query = p.view(p.dq);
+    ba.grad_key = p.view(p.dk);
+    ba.grad_value = p.view(p.dv);
+    ba.kernel = kernel;
+    ba.temperature = fa.temperature;
+    ba.visibility = fa.visibility;
+    ba.num_threads = threads;
+    ba.float_arithmetic = float_arith;
+  }
+
+  continuum::attention_forward(continuum::cpu, fa);  // warm-up
+  for (auto _ : st) {
+    continuum::attention_forward(continuum::cpu, fa);
+    if (backward) continuum::attention_backward(continuum::cpu, ba);
+    benchmark::DoNotOptimize(p.o.data());
+    benchmark::ClobberMemory();
+  }
+  const double heads = double(kBatch) * kHeads;
+  const double fwd_flops = 4.0 * double(d) * visible_pairs(n, vis) * heads;
+  const double flops = backward ? 3.5 * fwd_flops : fwd_flops;
+  const double tensor = heads * double(n) * double(d) * sizeof(T);
+  const double fwd_bytes = 4 * tensor + heads * double(n) * sizeof(T);
+  const double bytes = backward ? fwd_bytes + 8 * tensor + heads * double(n) * sizeof(T) : fwd_bytes;
+  set_counters<T>(st, flops, bytes, threads);
+}
+
+// ---------------------------------------------------------------------------
+// Eigen baselines at the same shapes.
+// ---------------------------------------------------------------------------
+template <class T>
+using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// materialize = false: the two GEMMs only (S = Q·Kᵀ·c, O = S·V);
+/// true: plain attention with a materialised n×n matrix and a row softmax.
+template <class T>
+void BM_eigen(benchmark::State& st, bool materialize) {
+  const long n = st.range(0);
+  const long d = st.range(1);
+  const int threads = int(st.range(2));
+  Problem<T> p(n, d, false);
+  const T c = T(1) / std::sqrt(T(d));
+  Eigen::setNbThreads(1);  // parallel over heads instead, like the operator
+  std::vector<RowMat<T>> scratch(std::size_t(kBatch) * kHeads, RowMat<T>(n, n));
+  for (auto _ : st) {
+#if defined(_OPENMP)
+#  pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int h = 0; h < kBatch * kHeads; ++h) {
+      const std::size_t off = std::size_t(h) * n * d;
+      Eigen::Map<const RowMat<T>> Q(p.q.data() + off, n, d), K(p.k.data() + off, n, d),
+          V(p.v.data() + off, n, d);
+      Eigen::Map<RowMat<T>> O(p.o.data() + off, n, d);
+      RowMat<T>& S = scratch[std::size_t(h)];
+      S.noalias() = (Q * c) * K.transpose();
+      if (materialize) {
+        for (long i = 0; i < n; ++i) {
+          auto row = S.row(i).array();
+          const T m = row.maxCoeff();
+          row = (row - m).exp();
+          row /= row.sum();
+        }
+      }
+      O.noalias() = S * V;
+    }
+    benchmark::DoNotOptimize(p.o.data());
+    benchmark::ClobberMemory();
+  }
+  const double heads = double(kBatch) * kHeads;
+  const double flops = 4.0 * double(d) * double(n) * double(n) * heads;
+  const double bytes = heads * (4.0 * double(n) * double(d) + 2.0 * double(n) * double(n)) * sizeof(T);
+  set_counters<T>(st, flops, bytes, threads);
+}
+
+// ---------------------------------------------------------------------------
+// Registration.
+// ---------------------------------------------------------------------------
+template <class T>
+const char* type_name() {
+  return sizeof(T) == 4 ? "f32" : "f64";
+}
+
+void register_all() {
+  using continuum::Kernel;
+  const std::vector<Kernel> kernels = {Kernel::continuum, Kernel::softmax, Kernel::focal};
+  const std::vector<Vis> visibilities = {Vis::full, Vis::causal, Vis::window};
+  const long N = 2048, D = 64;
+
+  for (int th : {1, 2}) {
+    benchmark::RegisterBenchmark((std::string("peak_fma/f32/threads:") + std::to_string(th)).c_str(),
+                                 BM_peak_fma<float>)->Arg(th)->UseRealTime();
+    benchmark::RegisterBenchmark((std::string("peak_fma/f64/threads:") + std::to_string(th)).c_str(),
+                                 BM_peak_fma<double>)->Arg(th)->UseRealTime();
+  }
+  auto shape = [](benchmark::internal::Benchmark* b, long n, long d, int th) {
+    b->Args({n, d, th})->ArgNames({"n", "d", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond);
+  };
+  // Eigen baselines, f32 and f64, 1 and 2 threads.
+  for (int th : {1, 2}) {
+    shape(benchmark::RegisterBenchmark("eigen_gemm/f32", BM_eigen<float>, false), N, D, th);
+    shape(benchmark::RegisterBenchmark("eigen_materialized/f32", BM_eigen<float>, true), N, D, th);
+  }
+  shape(benchmark::RegisterBenchmark("eigen_gemm/f64", BM_eigen<double>, false), N, D, 2);
+
+  // The operator: every kernel × visibility × {fwd, fwd+bwd}, 2 threads, float
+  // storage with the default double arithmetic ("f32") and with
+  // float_arithmetic = true ("f32fa"); thread scaling (1 thread) for continuum
+  // and softmax, full.
+  for (bool fa : {false, true})
+    for (bool bwd : {false, true})
+      for (Kernel k : kernels)
+        for (Vis v : visibilities)
+          for (int th : {2, 1}) {
+            if (th == 1 && (k == Kernel::focal || v != Vis::full)) continue;
+            const std::string name = std::string("attention/") + continuum::kernel_name(k) + "/" + vis_name(v) +
+                                     (bwd ? "/fwdbwd" : "/fwd") + (fa ? "/f32fa" : "/f32");
+            shape(benchmark::RegisterBenchmark(name.c_str(), BM_attention<float>, k, v, bwd, fa), N, D, th);
+          }
+  // f64: continuum and softmax, full and causal, 2 threads.
+  for (bool bwd : {false, true})
+    for (Kernel k : {Kernel::continuum, Kernel::softmax})
+      for (Vis v : {Vis::full, Vis::causal}) {
+        const std::string name = std::string("attention/") + continuum::kernel_name(k) + "/" +
+                                 vis_name(v) + (bwd ? "/fwdbwd" : "/fwd") + "/f64";
+        shape(benchmark::RegisterBenchmark(name.c_str(), BM_attention<double>, k, v, bwd, false), N, D, 2);
+      }
+  // Sequence scaling: continuum forward, full, 2 threads (2048 is above).
+  for (bool fa : {false, true})
+    for (long n : {256L, 512L, 1024L, 4096L, 8192L, 16384L}) {
+      const std::string name = std::string("seqscale/continuum/full/fwd/") + (fa ? "f32fa" : "f32");
+      shape(benchmark::RegisterBenchmark(name.c_str(), BM_attention<float>, Kernel::continuum, Vis::full, false, fa),
+            n, D, 2);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Memory probe (not a benchmark: one call, peak RSS).
+// ---------------------------------------------------------------------------
+long peak_rss_kib() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;  // KiB on Linux
+}
+
+int memory_probe(long n, long d, bool float_arith) {
+  Problem<float> p(n, d, true);  // allocates and touches every tensor
+  const long before = peak_rss_kib();
+  continuum::ForwardArgs<float> fa;
+  fa.query = p.cview(p.q);
+  fa.key = p.cview(p.k);
+  fa.value = p.cview(p.v);
+  fa.out = p.view(p.o);
+  fa.lse = p.lse.data();
+  fa.visibility.causal = true;
+  fa.num_threads = 2;
+  fa.float_arithmetic = float_arith;
+  const auto t0 = std::chrono::steady_clock::now();
+  continuum::attention_forward(continuum::cpu, fa);
+  const auto t1 = std::chrono::steady_clock::now();
+  const long after_fwd = peak_rss_kib();
+  continuum::BackwardArgs<float> ba;
+  ba.query = fa.query;
+  ba.key = fa.key;
+  ba.value = fa.value;
+  ba.out = p.cview(p.o);
+  ba.grad_out = p.cview(p.dout);
+  ba.lse = p.lse.data();
+  ba.grad_query = p.view(p.dq);
+  ba.grad_key = p.view(p.dk);
+  ba.grad_value = p.view(p.dv);
+  ba.visibility = fa.visibility;
+  ba.num_threads = 2;
+  ba.float_arithmetic = float_arith;
+  continuum::attention_backward(continuum::cpu, ba);
+  const auto t2 = std::chrono::steady_clock::now();
+  const long after_bwd = peak_rss_kib();
+  bool finite = true;
+  for (float x : p.o) finite = finite && std::isfinite(x);
+  for (float x : p.dq) finite = finite && std::isfinite(x);
+  std::printf(
+      "{\"n\": %ld, \"d\": %ld, \"heads\": %d, \"causal\": true, \"float_arithmetic\": %s, "
+      "\"tensors_mib\": %.1f, "
+      "\"fwd_extra_mib\": %.2f, \"bwd_extra_mib\": %.2f, \"fwd_s\": %.3f, \"bwd_s\": %.3f, "
+      "\"finite\": %s}\n",
+      n, d, kHeads, float_arith ? "true" : "false", double(before) / 1024.0, double(after_fwd - before) / 1024.0,
+      double(after_bwd - before) / 1024.0, std::chrono::duration<double>(t1 - t0).count(),
+      std::chrono::duration<double>(t2 - t1).count(), finite ? "true" : "false");
+  return finite ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "--memory_probe") == 0) {
+    const long n = argc > 2 ? std::atol(argv[2]) : 32768;
+    const long d = argc > 3 ? std::atol(argv[3]) : 16;
+    if (n <= 0 || d <= 0) {
+      std::fprintf(stderr, "usage: %s --memory_probe N D [float_arithmetic]   (N, D > 0)\n", argv[0]);
+      return 2;
+    }
+    const bool fa = argc > 4 && std::strcmp(argv[4], "float_arithmetic") == 0;
+    return memory_probe(n, d, fa);
+  }
+  // Measure the peaks before anything else runs (also reported as context).
+  for (int th : {1, 2}) {
+    benchmark::AddCustomContext("peak_f32_threads" + std::to_string(th),
+                                std::to_string(peak<float>(th)));
+    benchmark::AddCustomContext("peak_f64_threads" + std::to_string(th),
+                                std::to_string(peak<double>(th)));
+  }
+  benchmark::AddCustomContext("isa", kIsa);
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,1145 @@
+// backends/cpu/flash.hpp — tiled (FlashAttention-2 style) CPU kernels for the
+// forward and backward of continuum, softmax and focal attention.
+//
+// Forward (SPEC §4–§5, "numerical form"): one task per (batch, query head,
+// block of kBr query rows), tasks spread over OpenMP threads (dynamic schedule,
+// heaviest causal blocks first). A task walks the key range its rows can see in
+// tiles of kBc keys; tiles outside every row's range are skipped, not masked.
+// Per tile:
+//   S  = (c_i q_i) · K_tileᵀ               tile GEMM (c_i = scale / τ_i folded into q)
+//   running row max m_i, rescale of the accumulators (online softmax);
+//   W  = stencil weights α_ij e^{-m_i}     vectorised, branch-free (vector_moments.hpp)
+//   O += W · V                             tile GEMM (tile_gemm.hpp)
+// Continuum's stencil needs each key's two neighbours: column 0 of a score tile
+// is the halo (the previous tile's last key), carried over from the previous
+// tile; the segment (halo, first key) gives the halo key its right-hand weight,
+// so W has kBc + 1 columns and the PV product includes the halo key's value.
+// A key's right-hand weight therefore arrives one tile later — the sum is the
+// same α, only grouped differently.
+//
+// Backward (SPEC §6): one task per (batch, key head); the task owns dK, dV of
+// that head and dQ of every query head of its GQA group, and walks key tiles
+// (outer) × query tiles (inner) in a fixed order, so results are bitwise
+// independent of the thread count and there are no atomics. Per tile, with one
+// halo key on each side (so every key of the tile sees both neighbours):
+//   S, dP = dO · Vᵀ (GEMMs, kBc + 2 columns), E = e^{s - lse}, g = dP - Dl,
+//   P (α / Z), dS (tridiagonal stencil), dV += Pᵀ dO, dK += dSᵀ (c q), dQ += dS K.
+// The Lq × Lk matrices are never stored: memory is O(tiles + rows).
+//
+// GQA: query head h reads key/value head h / (Hq / Hk) through the views, no copy.
+// OpenMP: one parallel region per call, never nested (serial when called from
+// inside a parallel region); the caller's FP environment is not touched.
+#pragma once
+
+#include <algorithm>
+#include <type_traits>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <Eigen/Core>
+
+#if defined(_OPENMP)
+#  include <omp.h>
+#endif
+
+#include "../../attention/params.hpp"
+#include "../../attention/visibility.hpp"
+#include "tile_gemm.hpp"
+#include "vector_moments.hpp"
+
+namespace continuum {
+namespace cpu_detail {
+/// The tiled kernels (entry points flash_forward, flash_backward).
+namespace flash {
+
+/// Tile sizes (rows of queries × keys). 64 × 128 keeps the working set of a
+/// tile (Q, K, V, S, W, O) near 100 KiB in float: inside L2 on current CPUs.
+inline constexpr index_t kBr = 256;  // query rows per task (forward)
+inline constexpr index_t kBs = 64;   // query rows per GEMM sub-block (causal skipping)
+inline constexpr index_t kBc = 128;  // keys per tile
+inline constexpr index_t kBrBwd = 64;  // query rows per tile (backward)
+
+template <class T>
+using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T>
+using StridedMap = Eigen::Map<RowMatrix<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+template <class T>
+using ConstStridedMap = Eigen::Map<const RowMatrix<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+
+/// Vector width used to pad packed tiles (1 without the micro-kernel).
+template <class T>
+inline constexpr index_t kPad =
+#if defined(CONTINUUM_TILE_GEMM)
+    Simd<T>::W;
+#else
+    1;
+#endif
+
+inline index_t round_up(index_t n, index_t m) { return (n + m - 1) / m * m; }
+
+/// dst (cols × ldd, row-major) = rowsᵀ: dst[d·ldd + c] = src[c·lds + d] for
+/// c < n, and 0 for n ≤ c < ldd (padding up to the vector width).
+template <class T>
+inline void pack_transposed(const T* src, index_t lds, index_t n, index_t cols, T* dst, index_t ldd) {
+  for (index_t d = 0; d < cols; ++d) std::fill(dst + d * ldd + n, dst + d * ldd + ldd, T(0));
+  for (index_t c = 0; c < n; ++c) {
+    const T* row = src + c * lds;
+    for (index_t d = 0; d < cols; ++d) dst[d * ldd + c] = row[d];
+  }
+}
+
+/// C (M × N) = or += A · B with A(r, k) = A[r·sa_r + k·sa_k], B and C row-major:
+/// the micro-kernel (tile_gemm.hpp) with GCC/Clang, Eigen otherwise.
+template <class T>
+inline void gemm(index_t M, index_t N, index_t K, const T* A, index_t sa_r, index_t sa_k, const T* B, index_t ldb,
+                 T* C, index_t ldc, bool accumulate) {
+  if (M <= 0 || N <= 0) return;
+#if defined(CONTINUUM_TILE_GEMM)
+  tile_gemm<T>(M, N, K, A, sa_r, sa_k, B, ldb, C, ldc, accumulate);
+#else
+  using AMap = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>, Eigen::Unaligned,
+                          Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>>;
+  AMap a(A, M, K, Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>(sa_k, sa_r));
+  ConstStridedMap<T> b(B, K, N, Eigen::OuterStride<>(ldb));
+  StridedMap<T> c(C, M, N, Eigen::OuterStride<>(ldc));
+  if (K <= 0) {
+    if (!accumulate) c.setZero();
+    return;
+  }
+  if (accumulate)
+    c.noalias() += a * b;
+  else
+    c.noalias() = a * b;
+#endif
+}
+
+/// Visible key range [lo, hi) of query i of batch b (SPEC §3, attention/visibility.hpp).
+struct RowRange {
+  index_t lo, hi;
+};
+inline RowRange row_range(const Visibility& v, index_t b, index_t i, index_t Lq, index_t Lk) {
+  const KeyRange k = visible_range(v, b, i, Lq, Lk);
+  return {k.lo, k.hi};
+}
+
+/// Temperature τ of query i of head h, batch b (SPEC §8 shapes).
+template <class T>
+inline T temperature_of(const Temperature<T>& t, index_t b, index_t h, index_t i, index_t H, index_t Lq) {
+  switch (t.shape) {
+    case TemperatureShape::scalar: return t.value;
+    case TemperatureShape::per_head: return t.data[h];
+    case TemperatureShape::per_query: return t.data[(b * H + h) * Lq + i];
+  }
+  return t.value;
+}
+
+inline int resolve_threads(int requested) {
+#if defined(_OPENMP)
+  if (omp_in_parallel()) return 1;  // never nest
+  return requested > 0 ? requested : omp_get_max_threads();
+#else
+  (void)requested;
+  return 1;
+#endif
+}
+
+/// Eigen parallelises a GEMM with OpenMP when it is called from a team of one
+/// thread (it asks omp_get_max_threads()). Our tiles must stay serial (no nested
+/// parallelism): inside our own parallel region, set this implicit task's
+/// nthreads ICV to 1. ICVs are per data environment, so the caller's setting is
+/// untouched after the region ends. (A global Eigen::setNbThreads(n > 1) by the
+/// user still wins when the operator runs on one thread.)
+inline void serial_eigen_in_this_region() {
+#if defined(_OPENMP)
+  omp_set_num_threads(1);
+#endif
+}
+
+
+// ---------------------------------------------------------------------------
+// When the tiled kernels apply. They compute in T (float accumulates in float)
+// and multiply whole tiles, so they need inputs for which that is safe:
+//  * every element of Q, K, V (and O, dO for the backward) finite — a NaN or
+//    Inf must reach only the rows that see it, and 0 · Inf in a tile product
+//    would spread it;
+//  * moderate scores: |s| ≤ c_max · max‖q_i‖ · max‖k_j‖ ≤ 4096, and values
+//    with Lk · max|v| ≤ 1e30 (float) / 1e290 (double);
+//  * no inspection outputs (probs, cell_mass).
+// Otherwise the callers use the exact (double-accumulating) kernels of
+// forward.hpp / backward.hpp. The scan is one pass over the inputs.
+// ---------------------------------------------------------------------------
+template <class T>
+struct ViewStats {
+  double max_abs = 0;   ///< max |x| over all elements
+  double max_norm = 0;  ///< max over rows of ‖x_row‖₂
+  bool finite = true;
+};
+
+template <class T>
+inline void scan_rows(const TensorView<const T>& v, index_t r0, index_t r1, ViewStats<T>& st) {
+  // Rows are numbered over (batch, head, seq).
+  for (index_t r = r0; r < r1; ++r) {
+    const index_t s = r % v.seq, bh = r / v.seq;
+    const T* x = v.row(bh / v.heads, bh % v.heads, s);
+    T m = T(0);
+    double ss = 0;
+    int bad = 0;
+#pragma omp simd reduction(max : m) reduction(| : bad) reduction(+ : ss)
+    for (index_t d = 0; d < v.dim; ++d) {
+      const T a = x[d] < T(0) ? -x[d] : x[d];
+      bad |= !(a <= std::numeric_limits<T>::max());  // NaN or ±Inf
+      m = a > m ? a : m;
+      ss += double(a) * double(a);
+    }
+    st.max_abs = std::max(st.max_abs, double(m));
+    st.max_norm = std::max(st.max_norm, std::sqrt(ss));
+    st.finite = st.finite && !bad;
+  }
+}
+
+/// Scans the views (in parallel, `threads` threads) and returns their stats.
+template <class T, std::size_t N>
+inline void scan_views(const TensorView<const T> (&views)[N], ViewStats<T> (&out)[N], int threads) {
+  for (std::size_t k = 0; k < N; ++k) {
+    const TensorView<const T>& v = views[k];
+    const index_t rows = v.batch * v.heads * v.seq;
+    if (rows <= 0 || v.dim <= 0) continue;
+    double m = 0, nrm = 0;
+    int finite = 1;
+#if defined(_OPENMP)
+#  pragma omp parallel for num_threads(threads) if (threads > 1 && rows * v.dim > 65536) \
+      reduction(max : m, nrm) reduction(&& : finite) schedule(static)
+#endif
+    for (index_t c = 0; c < threads; ++c) {
+      ViewStats<T> st;
+      scan_rows(v, rows * c / threads, rows * (c + 1) / threads, st);
+      m = std::max(m, st.max_abs);
+      nrm = std::max(nrm, st.max_norm);
+      finite = finite && st.finite;
+    }
+    out[k].max_abs = m;
+    out[k].max_norm = nrm;
+    out[k].finite = finite != 0;
+  }
+}
+
+/// Smallest τ of the call (every element).
+template <class T>
+inline double min_temperature(const Temperature<T>& t, index_t B, index_t Hq, index_t Lq) {
+  if (t.shape == TemperatureShape::scalar) return double(t.value);
+  const index_t n = t.shape == TemperatureShape::per_head ? Hq : B * Hq * Lq;
+  double m = std::numeric_limits<double>::infinity();
+  for (index_t i = 0; i < n; ++i) m = std::min(m, double(t.data[i]));
+  return m;
+}
+
+template <class T>
+inline constexpr double kFlashBound = sizeof(T) == sizeof(float) ? 1e30 : 1e290;
+
+/// Largest score the tiled kernels take: |s_ij| ≤ c_max ‖q_i‖ ‖k_j‖ ≤ 4096.
+/// Beyond it attention is one-hot to many digits and the gradients cancel by
+/// as much as |s| (SPEC §6 with Σ_j dS_ij = 0); the exact kernel, which works
+/// with exactly shifted scores throughout, handles those rows.
+inline constexpr double kFlashMaxScore = 4096.0;
+
+/// Whether scores and value sums stay in the tiled kernels' range (see above).
+template <class T>
+inline bool magnitudes_suit_flash(double scale, double tau_min, index_t D, index_t Lk, const ViewStats<T>& q,
+                                  const ViewStats<T>& k, const ViewStats<T>& v) {
+  (void)D;
+  if (!(tau_min > 0)) return false;
+  const double c = scale / tau_min;
+  const double smax = c * q.max_norm * k.max_norm;
+  return std::isfinite(c) && smax <= kFlashMaxScore && double(Lk + 1) * v.max_abs <= kFlashBound<T>;
+}
+
+// ---------------------------------------------------------------------------
+// Row loops of the stencil. With CONTINUUM_CPU_SIMD they run on whole vectors:
+// they read and write up to W - 1 elements past the end of the range, so every
+// row buffer they touch carries kPad<T> spare elements; the callers overwrite
+// what the tail lanes wrote where it matters (see each caller).
+// ---------------------------------------------------------------------------
+
+/// e[c] = e^{s[c] - m} for c in [c0, c1).
+template <class T>
+inline void row_exp(const T* s, T* e, T m, index_t c0, index_t c1) {
+#if defined(CONTINUUM_CPU_SIMD)
+  using S = Simd<T>;
+  for (index_t c = c0; c < c1; c += S::W) S::store(e + c, VectorOps<T>::exp_clamped(S::load(s + c) - m));
+#else
+#  pragma omp simd
+  for (index_t c = c0; c < c1; ++c) e[c] = exp_clamped(s[c] - m);
+#endif
+}
+
+/// Forward weights of the segments (c-1, c), c in [c0, c1): L[c] is the weight
+/// knot c gets from its left segment, R[c-1] the weight knot c-1 gets from its
+/// right segment. Tail lanes also write L[c1 …] and R[c1 - 1 …].
+template <class T>
+inline void row_segments(const T* s, const T* e, T* L, T* R, index_t c0, index_t c1) {
+#if defined(CONTINUUM_CPU_SIMD)
+  using S = Simd<T>;
+  using V = typename S::v;
+  for (index_t c = c0; c < c1; c += S::W) {
+    const V x = S::load(s + c - 1), y = S::load(s + c);
+    const V b = x > y ? x - y : y - x;
+    V near, far;
+    VectorOps<T>::segment_weights(b, S::load(e + c - 1), S::load(e + c), near, far);
+    S::store(L + c, y >= x ? near : far);
+    S::store(R + c - 1, x >= y ? near : far);
+  }
+#else
+#  pragma omp simd
+  for (index_t c = c0; c < c1; ++c) {
+    const T x = s[c - 1], y = s[c];
+    const T b = x > y ? x - y : y - x;
+    T near, far;
+    segment_weights(b, e[c - 1], e[c], near, far);
+    L[c] = y >= x ? near : far;
+    R[c - 1] = x >= y ? near : far;
+  }
+#endif
+}
+
+/// Backward terms of the segments (c-1, c), c in [c0, c1), with g = dP - Dl:
+/// ax/dx[c-1] the weight / dS part knot c-1 gets from its right segment,
+/// ay/dy[c] those knot c gets from its left segment. Tail lanes also write
+/// ay/dy[c1 …] and ax/dx[c1 - 1 …].
+template <class T>
+inline void row_segments_backward(const T* s, const T* e, const T* g, T* ax, T* ay, T* dx, T* dy, index_t c0,
+                                  index_t c1) {
+#if defined(CONTINUUM_CPU_SIMD)
+  using S = Simd<T>;
+  using V = typename S::v;
+  for (index_t c = c0; c < c1; c += S::W) {
+    const V x = S::load(s + c - 1), y = S::load(s + c);
+    const V b = x > y ? x - y : y - x;
+    V near, far, dnear, dfar, cpl;
+    VectorOps<T>::segment_terms(b, S::load(e + c - 1), S::load(e + c), near, far, dnear, dfar, cpl);
+    const V gx = S::load(g + c - 1), gy = S::load(g + c);
+    const auto xn = x >= y, yn = y >= x;
+    S::store(ax + c - 1, xn ? near : far);
+    S::store(ay + c, yn ? near : far);
+    S::store(dx + c - 1, gx * (xn ? dnear : dfar) + gy * cpl);
+    S::store(dy + c, gy * (yn ? dnear : dfar) + gx * cpl);
+  }
+#else
+#  pragma omp simd
+  for (index_t c = c0; c < c1; ++c) {
+    const T x = s[c - 1], y = s[c];
+    const T b = x > y ? x - y : y - x;
+    T near, far, dnear, dfar, cpl;
+    segment_terms(b, e[c - 1], e[c], near, far, dnear, dfar, cpl);
+    const bool xn = x >= y, yn = y >= x;
+    ax[c - 1] = xn ? near : far;
+    ay[c] = yn ? near : far;
+    dx[c - 1] = g[c - 1] * (xn ? dnear : dfar) + g[c] * cpl;
+    dy[c] = g[c] * (yn ? dnear : dfar) + g[c - 1] * cpl;
+  }
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// Forward.
+// ---------------------------------------------------------------------------
+template <class T>
+struct ForwardWorkspace {
+  RowMatrix<T> q;       // kBr × D, rows scaled by c_i
+  RowMatrix<T> kt;      // D × kBc: the key tile transposed (packed)
+  RowMatrix<T> s;       // kBr × (kBc + 1 + pad): column 0 = halo key, column kBc carries the next halo
+  RowMatrix<T> w;       // kBr × (kBc + 1): weights α e^{-m}
+  RowMatrix<T> o;       // kBr × Dv accumulators
+  std::vector<T> e, left, right;  // per-row scratch, kBc + 1
+  std::vector<T> m, l;
+  std::vector<RowRange> range;
+  ForwardWorkspace(index_t D, index_t Dv)
+      : q(kBr, D), kt(D, kBc), s(RowMatrix<T>::Zero(kBr, kBc + 1 + kPad<T>)), w(kBr, kBc + 1), o(kBr, Dv),
+        e(kBc + 1 + 2 * kPad<T>), left(kBc + 1 + 2 * kPad<T>), right(kBc + 1 + 2 * kPad<T>), m(kBr), l(kBr),
+        range(kBr) {}
+};
+
+/// One query block [i0, i1) of (batch b, query head h). Continuum selects the
+/// three-point stencil (true) or softmax's e^s (false).
+template <class T, bool Continuum, bool StatsOnly = false>
+void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, index_t i1, double scale,
+                   ForwardWorkspace<T>& ws, T* stat_m = nullptr, T* stat_l = nullptr) {
+  const index_t Lq = a.query.seq, Lk = a.key.seq, D = a.query.dim, Dv = a.value.dim;
+  const index_t Hq = a.query.heads;
+  const index_t hk = h / (Hq / a.key.heads);
+  const index_t nr = i1 - i0;
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+
+  index_t kmin = Lk, kmax = 0;
+  for (index_t r = 0; r < nr; ++r) {
+    const index_t i = i0 + r;
+    ws.range[r] = row_range(a.visibility, b, i, Lq, Lk);
+    if (ws.range[r].hi > ws.range[r].lo) {
+      kmin = std::min(kmin, ws.range[r].lo);
+      kmax = std::max(kmax, ws.range[r].hi);
+    }
+    const T c = T(scale / double(temperature_of(a.temperature, b, h, i, Hq, Lq)));
+    const T* qi = a.query.row(b, h, i);
+    T* qs = ws.q.row(r).data();
+    for (index_t d = 0; d < D; ++d) qs[d] = c * qi[d];
+    ws.m[r] = kNegInf;
+    ws.l[r] = T(0);
+  }
+  ws.o.topRows(nr).setZero();
+
+  const index_t ldk = a.key.stride_seq, ldv = a.value.stride_seq;
+  const index_t lds = ws.s.cols(), ldw = ws.w.cols();
+  // Key tiles sit at multiples of kBc, whatever the block: a row is computed
+  // with the same tiles (the same operations) in any query block, so a
+  // KV-cache decode step reproduces the full forward's row bit for bit.
+  const index_t kstart = kmin / kBc * kBc;
+  for (index_t k0 = kstart; k0 < kmax; k0 += kBc) {
+    const index_t k1 = std::min(k0 + kBc, kmax);
+    const index_t nc = k1 - k0;
+    const index_t key0 = k0 - 1;  // tile column c holds key key0 + c; column 0 is the halo
+    // Halo: the previous tile's last score (carried in column kBc), or 0 in the
+    // first tile (where no row can see key k0 - 1).
+    for (index_t r = 0; r < nr; ++r) ws.s(r, 0) = k0 > kstart ? ws.s(r, kBc) : T(0);
+    bool packed = false;
+    index_t ncp = 0;
+    for (index_t r0 = 0; r0 < nr; r0 += kBs) {
+      const index_t r1 = std::min(nr, r0 + kBs);
+      // Keys of this tile that some row of the sub-block sees: [u0, u1).
+      index_t u0 = k1, u1 = k0;
+      for (index_t r = r0; r < r1; ++r) {
+        const index_t vlo = std::max(ws.range[r].lo, k0), vhi = std::min(ws.range[r].hi, k1);
+        if (vlo < vhi) {
+          u0 = std::min(u0, vlo);
+          u1 = std::max(u1, vhi);
+        }
+      }
+      if (u0 >= u1) continue;  // the whole sub-block is blind to this tile: skipped
+      if (!packed) {
+        // Kᵀ of the whole tile, padded with zero keys to the vector width.
+        ncp = std::min(round_up(nc, kPad<T>), kBc);
+        pack_transposed(a.key.row(b, hk, k0), ldk, nc, D, ws.kt.data(), ncp);
+        packed = true;
+      }
+      // S[r0:r1, 1 + j] = Qs · K_tileᵀ for the tile keys j in [j0, j1) ⊇ [u0 - k0, u1 - k0).
+      const index_t j0 = (u0 - k0) / kPad<T> * kPad<T>;
+      const index_t j1 = std::min(round_up(u1 - k0, kPad<T>), ncp);
+      gemm<T>(r1 - r0, j1 - j0, D, ws.q.data() + r0 * D, D, 1, ws.kt.data() + j0, ncp,
+              ws.s.data() + r0 * lds + 1 + j0, lds, false);
+      for (index_t r = r0; r < r1; ++r) {
+        const index_t lo = ws.range[r].lo, hi = ws.range[r].hi;
+        T* wr = ws.w.row(r).data();
+        const index_t vlo = std::max(lo, k0), vhi = std::min(hi, k1);
+        if (vlo >= vhi) {
+          std::fill(wr, wr + nc + 1, T(0));
+          continue;
+        }
+        const T* sr = ws.s.row(r).data();
+        // Tile columns of the visible keys: [cv0, cv1).
+        const index_t cv0 = vlo - key0, cv1 = vhi - key0;
+        T mt = kNegInf;
+#pragma omp simd reduction(max : mt)
+        for (index_t c = cv0; c < cv1; ++c) mt = sr[c] > mt ? sr[c] : mt;
+        if (mt > ws.m[r]) {
+          const T alpha = ws.m[r] == kNegInf ? T(0) : exp_clamped(ws.m[r] - mt);
+          ws.l[r] *= alpha;
+          T* orow = ws.o.row(r).data();
+#pragma omp simd
+          for (index_t d = 0; d < Dv; ++d) orow[d] *= alpha;
+          ws.m[r] = mt;
+        }
+        const T m = ws.m[r];
+        // The halo (column cv0 - 1) takes part when that key is visible too.
+        const index_t ce0 = (Continuum && vlo - 1 >= lo) ? cv0 - 1 : cv0;
+        T* e = ws.e.data();
+        row_exp(sr, e, m, ce0, cv1);
+        std::fill(wr, wr + ce0, T(0));
+        std::fill(wr + cv1, wr + nc + 1, T(0));
+        T lsum = T(0);
+        if constexpr (Continuum) {
+          T* L = ws.left.data();
+          T* R = ws.right.data();
+          // Segment (column c-1, column c) for c in (ce0, cv1): both keys visible.
+          row_segments(sr, e, L, R, ce0 + 1, cv1);
+          L[ce0] = T(0);
+          R[cv1 - 1] = T(0);  // (also clears what the tail lanes wrote there)
+          // Flat half-token cells at the ends of the visible range.
+          if (lo >= k0) L[lo - key0] += T(0.5) * e[lo - key0];
+          if (hi <= k1) R[hi - 1 - key0] += T(0.5) * e[hi - 1 - key0];
+#pragma omp simd reduction(+ : lsum)
+          for (index_t c = ce0; c < cv1; ++c) {
+            wr[c] = L[c] + R[c];
+            lsum += wr[c];
+          }
+        } else {
+#pragma omp simd reduction(+ : lsum)
+          for (index_t c = cv0; c < cv1; ++c) {
+            wr[c] = e[c];
+            lsum += e[c];
+          }
+        }
+        ws.l[r] += lsum;
+      }
+      // O += W · V over the keys [u0 - 1, u1) (the halo key only when it exists).
+      const index_t p0 = (Continuum && u0 > 0) ? u0 - 1 - key0 : u0 - key0;
+      const index_t p1 = u1 - key0;
+      if (!StatsOnly)
+        gemm<T>(r1 - r0, Dv, p1 - p0, ws.w.data() + r0 * ldw + p0, ldw, 1, a.value.row(b, hk, key0 + p0), ldv,
+                ws.o.data() + r0 * Dv, Dv, true);
+    }
+    // Keep this tile's last score as the next tile's halo (column kBc).
+    if (nc < kBc)
+      for (index_t r = 0; r < nr; ++r) ws.s(r, kBc) = ws.s(r, nc);
+  }
+
+  for (index_t r = 0; r < nr; ++r) {
+    const index_t i = i0 + r;
+    const bool empty = !(ws.l[r] > T(0));
+    if (!StatsOnly) {
+      T* out = a.out.row(b, h, i);
+      const T inv = empty ? T(0) : T(1) / ws.l[r];
+      for (index_t d = 0; d < Dv; ++d) out[d] = empty ? T(0) : ws.o(r, d) * inv;
+    }
+    if (a.lse) a.lse[(b * Hq + h) * Lq + i] = empty ? kNegInf : ws.m[r] + std::log(ws.l[r]);
+    // Row statistics for the backward: max score m and Σ α e^{-m} (exact
+    // shifts s - m keep P accurate where lse = m + log l would round).
+    if (stat_m) stat_m[(b * Hq + h) * Lq + i] = empty ? kNegInf : ws.m[r];
+    if (stat_l) stat_l[(b * Hq + h) * Lq + i] = empty ? T(0) : ws.l[r];
+  }
+}
+
+/// Tiled forward. `scale` is the softmax scale (validated by the caller).
+/// Returns false, having written nothing, when the inputs do not suit the
+/// tiled kernel (see "When the tiled kernels apply"); the caller then runs the
+/// exact kernel.
+template <class T, bool Continuum>
+bool forward_native(const ForwardArgs<T>& a, double scale) {
+  const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq, D = a.query.dim;
+  const index_t Dv = a.value.dim, Lk = a.key.seq;
+  if (a.probs || a.cell_mass) return false;
+  const index_t nqb = (Lq + kBr - 1) / kBr;
+  const index_t ntasks = B * Hq * nqb;
+  const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
+  {
+    const TensorView<const T> views[3] = {a.query, a.key, a.value};
+    ViewStats<T> st[3];
+    scan_views(views, st, threads);
+    if (!st[0].finite || !st[1].finite || !st[2].finite) return false;
+    if (!magnitudes_suit_flash(scale, min_temperature(a.temperature, B, Hq, Lq), D, Lk, st[0], st[1], st[2]))
+      return false;
+  }
+  if (ntasks == 0) return true;
+#if defined(_OPENMP)
+#  pragma omp parallel num_threads(threads) if (threads > 1)
+#endif
+  {
+    serial_eigen_in_this_region();
+    ForwardWorkspace<T> ws(D, Dv);
+#if defined(_OPENMP)
+#  pragma omp for schedule(dynamic, 1)
+#endif
+    for (index_t task = 0; task < ntasks; ++task) {
+      // Last query blocks first: under a causal mask they see the most keys.
+      const index_t qb = nqb - 1 - task % nqb;
+      const index_t bh = task / nqb;
+      const index_t b = bh / Hq, h = bh % Hq;
+      const index_t i0 = qb * kBr, i1 = std::min(Lq, i0 + kBr);
+      forward_block<T, Continuum>(a, b, h, i0, i1, scale, ws);
+    }
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// Backward.
+// ---------------------------------------------------------------------------
+template <class T>
+struct BackwardWorkspace {
+  RowMatrix<T> q;    // kBrBwd × D scaled rows c_i q_i
+  RowMatrix<T> dout; // kBrBwd × Dv
+  RowMatrix<T> kt, vt;  // D × (kBc + 2 + pad), Dv × (…): key/value tile transposed
+  RowMatrix<T> s;    // kBrBwd × (kBc + 2): keys [k0 - 1, k1 + 1)
+  RowMatrix<T> dp;   // kBrBwd × (kBc + 2)
+  RowMatrix<T> p;    // kBrBwd × kBc
+  RowMatrix<T> ds;   // kBrBwd × kBc
+  RowMatrix<T> dk, dv;  // kBc × D, kBc × Dv
+  std::vector<T> e, g, ax, ay, dx, dy;
+  BackwardWorkspace(index_t D, index_t Dv)
+      : q(kBrBwd, D), dout(kBrBwd, Dv), kt(D, kBc + 2 + kPad<T>), vt(Dv, kBc + 2 + kPad<T>),
+        s(kBrBwd, kBc + 2 + kPad<T>), dp(kBrBwd, kBc + 2 + kPad<T>), p(kBrBwd, kBc), ds(kBrBwd, kBc),
+        dk(kBc, D), dv(kBc, Dv), e(kBc + 2 + 2 * kPad<T>), g(kBc + 2 + 2 * kPad<T>), ax(kBc + 2 + 2 * kPad<T>),
+        ay(kBc + 2 + 2 * kPad<T>), dx(kBc + 2 + 2 * kPad<T>), dy(kBc + 2 + 2 * kPad<T>) {}
+};
+
+/// Per-row data of one query head, computed once per backward call.
+template <class T>
+struct RowInfo {
+  std::vector<RowRange> range;
+  std::vector<T> c, tau, dl, m, inv_l;  // P_ij = e^{s_ij - m_i} · inv_l_i
+  std::vector<double> dts;  // Σ_j dS_ij s_ij (for dτ), summed in double
+};
+
+template <class T, bool Continuum>
+void backward_head(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, index_t b, index_t hk, double scale,
+                   BackwardWorkspace<T>& ws,
+                   std::vector<RowInfo<T>>& rows /* one per query head of the group */,
+                   const double* dl_rows = nullptr /* Dl per row [group, Lq], else from a.out */,
+                   const BackwardArgs<float>* fout = nullptr /* write dK, dV here (float) instead */,
+                   index_t fb = 0, index_t fhk = 0) {
+  const bool want_dk = a.grad_key.data || (fout && fout->grad_key.data);
+  const bool want_dv = a.grad_value.data || (fout && fout->grad_value.data);
+  const index_t Lq = a.query.seq, Lk = a.key.seq, D = a.query.dim, Dv = a.value.dim;
+  const index_t Hq = a.query.heads, group = Hq / a.key.heads;
+  const index_t ldk = a.key.stride_seq, ldv = a.value.stride_seq;
+  const index_t lds = ws.s.cols();
+
+  // Per-row setup: ranges, scales, Dl_i = dO_i · o_i.
+  for (index_t gq = 0; gq < group; ++gq) {
+    const index_t h = hk * group + gq;
+    RowInfo<T>& ri = rows[gq];
+    ri.range.resize(Lq);
+    ri.c.resize(Lq);
+    ri.tau.resize(Lq);
+    ri.dl.resize(Lq);
+    ri.m.resize(Lq);
+    ri.inv_l.resize(Lq);
+    ri.dts.assign(Lq, 0.0);
+    for (index_t i = 0; i < Lq; ++i) {
+      ri.range[i] = row_range(a.visibility, b, i, Lq, Lk);
+      ri.tau[i] = temperature_of(a.temperature, b, h, i, Hq, Lq);
+      ri.c[i] = T(scale / double(ri.tau[i]));
+      const index_t row = (b * Hq + h) * Lq + i;
+      ri.m[i] = stat_m[row];
+      ri.inv_l[i] = stat_l ? (stat_l[row] > T(0) ? T(1) / stat_l[row] : T(0)) : T(1);
+      if (dl_rows) {
+        ri.dl[i] = T(dl_rows[gq * Lq + i]);
+      } else {
+        const T* o = a.out.row(b, h, i);
+        const T* go = a.grad_out.row(b, h, i);
+        T dl = T(0);
+        for (index_t d = 0; d < Dv; ++d) dl += go[d] * o[d];
+        ri.dl[i] = dl;
+      }
+      if (ri.range[i].hi <= ri.range[i].lo || !(ri.m[i] > -std::numeric_limits<T>::infinity()) ||
+          !(ri.inv_l[i] > T(0)))
+        ri.range[i] = {0, 0};  // empty row: no contribution, zero gradients
+    }
+    if (a.grad_query.data)
+      for (index_t i = 0; i < Lq; ++i) {
+        T* dq = a.grad_query.row(b, h, i);
+        std::fill(dq, dq + D, T(0));
+      }
+  }
+
+  for (index_t k0 = 0; k0 < Lk; k0 += kBc) {
+    const index_t k1 = std::min(k0 + kBc, Lk);
+    const index_t nc = k1 - k0;
+    const index_t kk0 = Continuum ? std::max<index_t>(k0 - 1, 0) : k0;
+    const index_t kk1 = Continuum ? std::min(k1 + 1, Lk) : k1;
+    const index_t off = k0 - kk0;  // column of key k0 in s/dp
+    const index_t nk = kk1 - kk0;
+    ws.dk.topRows(nc).setZero();
+    ws.dv.topRows(nc).setZero();
+    const index_t nkp = round_up(nk, kPad<T>);
+    pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), nkp);
+    pack_transposed(a.value.row(b, hk, kk0), ldv, nk, Dv, ws.vt.data(), nkp);
+
+    for (index_t gq = 0; gq < group; ++gq) {
+      const index_t h = hk * group + gq;
+      RowInfo<T>& ri = rows[gq];
+      for (index_t i0 = 0; i0 < Lq; i0 += kBrBwd) {
+        const index_t i1 = std::min(Lq, i0 + kBrBwd);
+        const index_t nr = i1 - i0;
+        bool any = false;
+        for (index_t i = i0; i < i1 && !any; ++i) any = ri.range[i].lo < k1 && ri.range[i].hi > k0;
+        if (!any) continue;
+        for (index_t r = 0; r < nr; ++r) {
+          const index_t i = i0 + r;
+          const T* qi = a.query.row(b, h, i);
+          const T c = ri.c[i];
+          T* qs = ws.q.row(r).data();
+          for (index_t d = 0; d < D; ++d) qs[d] = c * qi[d];
+          const T* go = a.grad_out.row(b, h, i);
+          std::copy(go, go + Dv, ws.dout.row(r).data());
+        }
+        gemm<T>(nr, nkp, D, ws.q.data(), D, 1, ws.kt.data(), nkp, ws.s.data(), lds, false);
+        gemm<T>(nr, nkp, Dv, ws.dout.data(), Dv, 1, ws.vt.data(), nkp, ws.dp.data(), lds, false);
+
+        for (index_t r = 0; r < nr; ++r) {
+          const index_t i = i0 + r;
+          const index_t lo = ri.range[i].lo, hi = ri.range[i].hi;
+          T* pr = ws.p.row(r).data();
+          T* dsr = ws.ds.row(r).data();
+          if (!(lo < k1 && hi > k0)) {
+            std::fill(pr, pr + nc, T(0));
+            std::fill(dsr, dsr + nc, T(0));
+            continue;
+          }
+          const T* sr = ws.s.row(r).data();
+          const T* dpr = ws.dp.row(r).data();
+          const T m = ri.m[i], inv_l = ri.inv_l[i], dl = ri.dl[i];
+          // Visible knots of the extended tile (columns [kv0, kv1)) and the
+          // visible output columns [ov0, ov1) (column c of p/ds is key k0 + c).
+          const index_t kv0 = std::max<index_t>(lo - kk0, 0), kv1 = std::min(hi - kk0, nk);
+          const index_t ov0 = std::max(lo, k0) - k0, ov1 = std::min(hi, k1) - k0;
+          T* e = ws.e.data();
+          T* g = ws.g.data();
+          row_exp(sr, e, m, kv0, kv1);
+#pragma omp simd
+          for (index_t c = kv0; c < kv1; ++c) {
+            e[c] *= inv_l;
+            g[c] = dpr[c] - dl;
+          }
+          std::fill(pr, pr + ov0, T(0));
+          std::fill(pr + ov1, pr + nc, T(0));
+          std::fill(dsr, dsr + ov0, T(0));
+          std::fill(dsr + ov1, dsr + nc, T(0));
+          double dts = 0;
+          if constexpr (Continuum) {
+            T* ax = ws.ax.data();  // weight a knot gets from its right-hand segment
+            T* ay = ws.ay.data();  // … from its left-hand segment
+            T* dx = ws.dx.data();  // dS contributions from the right-hand segment
+            T* dy = ws.dy.data();  // … from the left-hand segment
+            row_segments_backward(sr, e, g, ax, ay, dx, dy, kv0 + 1, kv1);
+            ay[kv0] = T(0);
+            dy[kv0] = T(0);
+            ax[kv1 - 1] = T(0);  // (also clears what the tail lanes wrote there)
+            dx[kv1 - 1] = T(0);
+            // Flat half-token cells: weight e^s/2, its own derivative.
+            if (lo >= kk0) {
+              ay[lo - kk0] += T(0.5) * e[lo - kk0];
+              dy[lo - kk0] += T(0.5) * e[lo - kk0] * g[lo - kk0];
+            }
+            if (hi <= kk1) {
+              ax[hi - 1 - kk0] += T(0.5) * e[hi - 1 - kk0];
+              dx[hi - 1 - kk0] += T(0.5) * e[hi - 1 - kk0] * g[hi - 1 - kk0];
+            }
+#pragma omp simd reduction(+ : dts)
+            for (index_t c = ov0; c < ov1; ++c) {
+              const index_t cc = c + off;
+              pr[c] = ax[cc] + ay[cc];
+              dsr[c] = dx[cc] + dy[cc];
+              dts += double(dsr[c]) * double(sr[cc] - m);  // Σ dS = 0: shift-free
+            }
+          } else {
+#pragma omp simd reduction(+ : dts)
+            for (index_t c = ov0; c < ov1; ++c) {
+              pr[c] = e[c];
+              dsr[c] = e[c] * g[c];
+              dts += double(dsr[c]) * double(sr[c] - m);
+            }
+          }
+          if (hi - lo == 1) {
+            // One visible key: P ≡ 1 whatever the score, so dS = 0 exactly
+            // (the computed dP - Dl would leave a rounding residue).
+            std::fill(dsr + ov0, dsr + ov1, T(0));
+            dts = 0;
+          }
+          ri.dts[i] += dts;
+        }
+        const index_t ldp = ws.p.cols();
+        if (want_dv)
+          gemm<T>(nc, Dv, nr, ws.p.data(), 1, ldp, ws.dout.data(), Dv, ws.dv.data(), Dv, true);
+        if (want_dk) gemm<T>(nc, D, nr, ws.ds.data(), 1, ldp, ws.q.data(), D, ws.dk.data(), D, true);
+        if (a.grad_query.data)
+          gemm<T>(nr, D, nc, ws.ds.data(), ldp, 1, a.key.row(b, hk, k0), ldk, a.grad_query.row(b, h, i0),
+                  a.grad_query.stride_seq, true);
+      }
+    }
+    if (a.grad_key.data) {
+      StridedMap<T> dK(a.grad_key.row(b, hk, k0), nc, D, Eigen::OuterStride<>(a.grad_key.stride_seq));
+      dK = ws.dk.topRows(nc);
+    } else if (fout && fout->grad_key.data) {
+      for (index_t j = 0; j < nc; ++j) {
+        float* dst = fout->grad_key.row(fb, fhk, k0 + j);
+        for (index_t d = 0; d < D; ++d) dst[d] = float(ws.dk(j, d));
+      }
+    }
+    if (a.grad_value.data) {
+      StridedMap<T> dV(a.grad_value.row(b, hk, k0), nc, Dv, Eigen::OuterStride<>(a.grad_value.stride_seq));
+      dV = ws.dv.topRows(nc);
+    } else if (fout && fout->grad_value.data) {
+      for (index_t j = 0; j < nc; ++j) {
+        float* dst = fout->grad_value.row(fb, fhk, k0 + j);
+        for (index_t d = 0; d < Dv; ++d) dst[d] = float(ws.dv(j, d));
+      }
+    }
+  }
+  // dQ_i = c_i Σ_j dS_ij k_j: the scale was left out of the accumulation.
+  if (a.grad_query.data)
+    for (index_t gq = 0; gq < group; ++gq) {
+      const index_t h = hk * group + gq;
+      for (index_t i = 0; i < Lq; ++i) {
+        T* dq = a.grad_query.row(b, h, i);
+        const T c = rows[gq].c[i];
+        for (index_t d = 0; d < D; ++d) dq[d] *= c;
+      }
+    }
+}
+
+/// dτ in the temperature's shape from per-row values -(1/τ_i) Σ_j dS_ij s_ij,
+/// summed in a fixed order (SPEC §8).
+template <class T>
+void write_grad_temperature(const BackwardArgs<T>& a, const std::vector<double>& dtau_rows) {
+  const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq;
+  switch (a.temperature.shape) {
+    case TemperatureShape::scalar: {
+      double s = 0;
+      for (double v : dtau_rows) s += v;
+      *a.grad_temperature = T(s);
+      break;
+    }
+    case TemperatureShape::per_head:
+      for (index_t h = 0; h < Hq; ++h) {
+        double s = 0;
+        for (index_t b = 0; b < B; ++b)
+          for (index_t i = 0; i < Lq; ++i) s += dtau_rows[std::size_t((b * Hq + h) * Lq + i)];
+        a.grad_temperature[h] = T(s);
+      }
+      break;
+    case TemperatureShape::per_query:
+      for (std::size_t i = 0; i < dtau_rows.size(); ++i) a.grad_temperature[i] = T(dtau_rows[i]);
+      break;
+  }
+}
+
+template <class T, bool Continuum>
+bool flash_backward_run(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, double scale, int threads,
+                        index_t group) {
+  const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
+  const index_t D = a.query.dim, Dv = a.value.dim;
+  const index_t ntasks = B * Hk;
+  // dτ_i = -(1/τ_i) Σ_j dS_ij s_ij, per row; reduced below in a fixed order.
+  std::vector<double> dtau_rows(a.grad_temperature ? std::size_t(B * Hq * Lq) : 0);
+#if defined(_OPENMP)
+#  pragma omp parallel num_threads(threads) if (threads > 1)
+#endif
+  {
+    serial_eigen_in_this_region();
+    BackwardWorkspace<T> ws(D, Dv);
+    std::vector<RowInfo<T>> rows(static_cast<std::size_t>(group));
+#if defined(_OPENMP)
+#  pragma omp for schedule(dynamic, 1)
+#endif
+    for (index_t task = 0; task < ntasks; ++task) {
+      const index_t b = task / Hk, hk = task % Hk;
+      backward_head<T, Continuum>(a, stat_m, stat_l, b, hk, scale, ws, rows);
+      if (a.grad_temperature)
+        for (index_t gq = 0; gq < group; ++gq) {
+          const index_t h = hk * group + gq;
+          for (index_t i = 0; i < Lq; ++i)
+            dtau_rows[std::size_t((b * Hq + h) * Lq + i)] = -rows[gq].dts[i] / double(rows[gq].tau[i]);
+        }
+    }
+  }
+  if (a.grad_temperature) write_grad_temperature(a, dtau_rows);
+  return true;
+}
+
+/// Tiled backward, arithmetic in T. `scale` as for flash_forward. Uses
+/// args.lse when given and |lse| ≤ 64, else recomputes it. Returns false,
+/// having written nothing, when the inputs do not suit the tiled kernel.
+template <class T, bool Continuum>
+bool backward_native(const BackwardArgs<T>& a, double scale) {
+  const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
+  const index_t D = a.query.dim, Dv = a.value.dim, group = Hq / Hk, Lk = a.key.seq;
+  const index_t ntasks = B * Hk;
+  const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
+  {
+    const TensorView<const T> views[5] = {a.query, a.key, a.value, a.out, a.grad_out};
+    ViewStats<T> st[5];
+    scan_views(views, st, std::max(threads, 1));
+    for (const auto& x : st)
+      if (!x.finite) return false;
+    if (!magnitudes_suit_flash(scale, min_temperature(a.temperature, B, Hq, Lq), D, Lk, st[0], st[1], st[2]))
+      return false;
+    // dP = dO · Vᵀ and Dl = dO · o stay far from overflow too.
+    if (double(std::max(Dv, Lk) + 1) * st[4].max_abs * std::max(st[2].max_abs, st[3].max_abs) > kFlashBound<T>)
+      return false;
+  }
+  // Row statistics. The stored lse is rounded to T: P = e^{s - lse} then
+  // carries a relative error ~ε_T |lse|, and s - lse is not an exact shift.
+  // Trust it for |lse| ≤ 64; otherwise (or without it) recompute the row max m
+  // and Σ α e^{-m} with the forward's own code (scores and stencil only).
+  bool recompute = a.lse == nullptr;
+  for (index_t i = 0; i < B * Hq * Lq && !recompute; ++i) {
+    const T l = a.lse[i];
+    recompute = l != -std::numeric_limits<T>::infinity() && !(l <= T(64) && l >= T(-64));
+  }
+  std::vector<T> stat_m, stat_l;
+  if (recompute) {
+    stat_m.resize(std::size_t(B * Hq * Lq));
+    stat_l.resize(std::size_t(B * Hq * Lq));
+    ForwardArgs<T> f;
+    f.query = a.query;
+    f.key = a.key;
+    f.value = a.value;
+    f.kernel = a.kernel;
+    f.temperature = a.temperature;
+    f.visibility = a.visibility;
+    const index_t nqb = (Lq + kBr - 1) / kBr, nft = B * Hq * nqb;
+#if defined(_OPENMP)
+#  pragma omp parallel num_threads(threads) if (threads > 1)
+#endif
+    {
+      serial_eigen_in_this_region();
+      ForwardWorkspace<T> ws(D, Dv);
+#if defined(_OPENMP)
+#  pragma omp for schedule(dynamic, 1)
+#endif
+      for (index_t task = 0; task < nft; ++task) {
+        const index_t qb = nqb - 1 - task % nqb, bh = task / nqb;
+        const index_t b = bh / Hq, h = bh % Hq;
+        const index_t i0 = qb * kBr, i1 = std::min(Lq, i0 + kBr);
+        forward_block<T, Continuum, true>(f, b, h, i0, i1, scale, ws, stat_m.data(), stat_l.data());
+      }
+    }
+  }
+  if (ntasks == 0) {
+    if (a.grad_temperature) {
+      const index_t n = a.temperature.shape == TemperatureShape::scalar ? 1
+                        : a.temperature.shape == TemperatureShape::per_head ? Hq : B * Hq * Lq;
+      std::fill(a.grad_temperature, a.grad_temperature + n, T(0));
+    }
+    return true;
+  }
+  return flash_backward_run<T, Continuum>(a, recompute ? stat_m.data() : a.lse, recompute ? stat_l.data() : nullptr,
+                                          scale, threads, group);
+}
+
+// ---------------------------------------------------------------------------
+// Float storage, double arithmetic (the default for float): every task
+// converts the rows and keys it needs to double and runs the double kernel on
+// that sub-problem, so float inputs get double scores, weights and sums and
+// each output is rounded once. Key tiles stay at absolute multiples of kBc.
+// ---------------------------------------------------------------------------
+struct ForwardConversion {
+  std::vector<double> q, k, v, o, lse, tau;
+  std::vector<index_t> lo, hi;
+};
+
+template <bool Continuum>
+void forward_block_via_double(const ForwardArgs<float>& a, index_t b, index_t h, index_t i0, index_t i1,
+                              double scale, ForwardWorkspace<double>& ws, ForwardConversion& cv) {
+  const index_t Lq = a.query.seq, Lk = a.key.seq, D = a.query.dim, Dv = a.value.dim;
+  const index_t Hq = a.query.heads, hk = h / (Hq / a.key.heads);
+  const index_t nr = i1 - i0;
+  index_t kmin = Lk, kmax = 0;
+  cv.lo.resize(std::size_t(nr));
+  cv.hi.resize(std::size_t(nr));
+  cv.tau.resize(std::size_t(nr));
+  for (index_t r = 0; r < nr; ++r) {
+    const RowRange rr = row_range(a.visibility, b, i0 + r, Lq, Lk);
+    cv.lo[std::size_t(r)] = rr.lo;
+    cv.hi[std::size_t(r)] = rr.hi;
+    if (rr.hi > rr.lo) {
+      kmin = std::min(kmin, rr.lo);
+      kmax = std::max(kmax, rr.hi);
+    }
+    cv.tau[std::size_t(r)] = double(temperature_of(a.temperature, b, h, i0 + r, Hq, Lq));
+  }
+  const index_t kbase = kmax > kmin ? kmin / kBc * kBc : 0;
+  const index_t nk = kmax > kmin ? kmax - kbase : 0;
+  for (index_t r = 0; r < nr; ++r) {
+    const bool empty = cv.hi[std::size_t(r)] <= cv.lo[std::size_t(r)];
+    cv.lo[std::size_t(r)] = empty ? 0 : cv.lo[std::size_t(r)] - kbase;
+    cv.hi[std::size_t(r)] = empty ? 0 : cv.hi[std::size_t(r)] - kbase;
+  }
+  cv.q.resize(std::size_t(nr * D));
+  cv.k.resize(std::size_t(nk * D));
+  cv.v.resize(std::size_t(nk * Dv));
+  cv.o.resize(std::size_t(nr * Dv));
+  cv.lse.resize(std::size_t(nr));
+  for (index_t r = 0; r < nr; ++r) std::copy_n(a.query.row(b, h, i0 + r), D, cv.q.data() + r * D);
+  for (index_t j = 0; j < nk; ++j) {
+    std::copy_n(a.key.row(b, hk, kbase + j), D, cv.k.data() + j * D);
+    std::copy_n(a.value.row(b, hk, kbase + j), Dv, cv.v.data() + j * Dv);
+  }
+  ForwardArgs<double> s;
+  s.query = TensorView<const double>::bhsd(cv.q.data(), 1, 1, nr, D);
+  s.key = TensorView<const double>::bhsd(cv.k.data(), 1, 1, nk, D);
+  s.value = TensorView<const double>::bhsd(cv.v.data(), 1, 1, nk, Dv);
+  s.out = TensorView<double>::bhsd(cv.o.data(), 1, 1, nr, Dv);
+  s.lse = cv.lse.data();
+  s.kernel = a.kernel;
+  s.temperature.shape = TemperatureShape::per_query;
+  s.temperature.data = cv.tau.data();
+  s.visibility.range_lo = cv.lo.data();
+  s.visibility.range_hi = cv.hi.data();
+  forward_block<double, Continuum>(s, 0, 0, 0, nr, scale, ws);
+  for (index_t r = 0; r < nr; ++r) {
+    float* out = a.out.row(b, h, i0 + r);
+    for (index_t d = 0; d < Dv; ++d) out[d] = float(cv.o[std::size_t(r * Dv + d)]);
+    if (a.lse) a.lse[(b * Hq + h) * Lq + i0 + r] = float(cv.lse[std::size_t(r)]);
+  }
+}
+
+template <bool Continuum>
+bool forward_via_double(const ForwardArgs<float>& a, double scale) {
+  const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq, D = a.query.dim;
+  const index_t Dv = a.value.dim, Lk = a.key.seq;
+  if (a.probs || a.cell_mass) return false;
+  const index_t nqb = (Lq + kBr - 1) / kBr;
+  const index_t ntasks = B * Hq * nqb;
+  const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
+  {
+    const TensorView<const float> views[3] = {a.query, a.key, a.value};
+    ViewStats<float> st[3];
+    scan_views(views, st, threads);
+    if (!st[0].finite || !st[1].finite || !st[2].finite) return false;
+    if (!magnitudes_suit_flash(scale, min_temperature(a.temperature, B, Hq, Lq), D, Lk, st[0], st[1], st[2]))
+      return false;
+  }
+  if (ntasks == 0) return true;
+#if defined(_OPENMP)
+#  pragma omp parallel num_threads(threads) if (threads > 1)
+#endif
+  {
+    serial_eigen_in_this_region();
+    ForwardWorkspace<double> ws(D, Dv);
+    ForwardConversion cv;
+#if defined(_OPENMP)
+#  pragma omp for schedule(dynamic, 1)
+#endif
+    for (index_t task = 0; task < ntasks; ++task) {
+      const index_t qb = nqb - 1 - task % nqb;
+      const index_t bh = task / nqb;
+      const index_t b = bh / Hq, h = bh % Hq;
+      const index_t i0 = qb * kBr, i1 = std::min(Lq, i0 + kBr);
+      forward_block_via_double<Continuum>(a, b, h, i0, i1, scale, ws, cv);
+    }
+  }
+  return true;
+}
+
+template <bool Continuum>
+bool backward_via_double(const BackwardArgs<float>& a, double scale) {
+  const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
+  const index_t D = a.query.dim, Dv = a.value.dim, group = Hq / Hk, Lk = a.key.seq;
+  const index_t ntasks = B * Hk;
+  const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
+  {
+    const TensorView<const float> views[5] = {a.query, a.key, a.value, a.out, a.grad_out};
+    ViewStats<float> st[5];
+    scan_views(views, st, threads);
+    for (const auto& x : st)
+      if (!x.finite) return false;
+    if (!magnitudes_suit_flash(scale, min_temperature(a.temperature, B, Hq, Lq), D, Lk, st[0], st[1], st[2]))
+      return false;
+    if (double(std::max(Dv, Lk) + 1) * st[4].max_abs * std::max(st[2].max_abs, st[3].max_abs) >
+        kFlashBound<float>)
+      return false;
+  }
+  std::vector<double> dtau_rows(a.grad_temperature ? std::size_t(B * Hq * Lq) : 0);
+  if (ntasks > 0) {
+#if defined(_OPENMP)
+#  pragma omp parallel num_threads(threads) if (threads > 1)
+#endif
+    {
+      serial_eigen_in_this_region();
+      BackwardWorkspace<double> ws(D, Dv);
+      std::vector<RowInfo<double>> rows(static_cast<std::size_t>(group));
+      std::vector<double> q, k, v, dl, go, sm, sl, tau, dq;
+#if defined(_OPENMP)
+#  pragma omp for schedule(dynamic, 1)
+#endif
+      for (index_t task = 0; task < ntasks; ++task) {
+        const index_t b = task / Hk, hk = task % Hk;
+        const index_t nq = group * Lq;
+        q.resize(std::size_t(nq * D));
+        go.resize(std::size_t(nq * Dv));
+        dl.resize(std::size_t(nq));
+        sm.resize(std::size_t(nq));
+        sl.resize(std::size_t(nq));
+        tau.resize(std::size_t(nq));
+        k.resize(std::size_t(Lk * D));
+        v.resize(std::size_t(Lk * Dv));
+        for (index_t g = 0; g < group; ++g)
+          for (index_t i = 0; i < Lq; ++i) {
+            const index_t h = hk * group + g, r = g * Lq + i;
+            std::copy_n(a.query.row(b, h, i), D, q.data() + r * D);
+            std::copy_n(a.grad_out.row(b, h, i), Dv, go.data() + r * Dv);
+            // Dl_i = dO_i · o_i in double from the stored (float) out.
+            const float* oi = a.out.row(b, h, i);
+            const double* gi = go.data() + r * Dv;
+            double acc = 0;
+            for (index_t d = 0; d < Dv; ++d) acc += gi[d] * double(oi[d]);
+            dl[std::size_t(r)] = acc;
+            tau[std::size_t(r)] = double(temperature_of(a.temperature, b, h, i, Hq, Lq));
+          }
+        for (index_t j = 0; j < Lk; ++j) {
+          std::copy_n(a.key.row(b, hk, j), D, k.data() + j * D);
+          std::copy_n(a.value.row(b, hk, j), Dv, v.data() + j * Dv);
+        }
+        Visibility vis = a.visibility;
+        if (vis.range_lo) vis.range_lo += b * Lq;
+        if (vis.range_hi) vis.range_hi += b * Lq;
+        // Row statistics (max m, Σ α e^{-m}) in double: the stored float lse is
+        // rounded, P must carry double accuracy. Dl uses the given out (as the
+        // exact kernel does).
+        ForwardArgs<double> f;
+        f.query = TensorView<const double>::bhsd(q.data(), 1, group, Lq, D);
+        f.key = TensorView<const double>::bhsd(k.data(), 1, 1, Lk, D);
+        f.value = TensorView<const double>::bhsd(v.data(), 1, 1, Lk, Dv);
+        f.kernel = a.kernel;
+        f.temperature.shape = TemperatureShape::per_query;
+        f.temperature.data = tau.data();
+        f.visibility = vis;
+        f.num_threads = 1;
+        const index_t nqb = (Lq + kBr - 1) / kBr;
+        {
+          ForwardWorkspace<double> fws(D, Dv);
+          for (index_t g = 0; g < group; ++g)
+            for (index_t qb = 0; qb < nqb; ++qb)
+              forward_block<double, Continuum, true>(f, 0, g, qb * kBr, std::min(Lq, qb * kBr + kBr), scale, fws,
+                                                     sm.data(), sl.data());
+        }
+        BackwardArgs<double> s;
+        s.query = f.query;
+        s.key = f.key;
+        s.value = f.value;
+        s.grad_out = TensorView<const double>::bhsd(go.data(), 1, group, Lq, Dv);
+        if (a.grad_query.data) {
+          dq.resize(std::size_t(nq * D));
+          s.grad_query = TensorView<double>::bhsd(dq.data(), 1, group, Lq, D);
+        }
+        // dK, dV go straight to the float outputs, one key tile at a time.
+        s.kernel = a.kernel;
+        s.temperature = f.temperature;
+        s.visibility = vis;
+        backward_head<double, Continuum>(s, sm.data(), sl.data(), 0, 0, scale, ws, rows, dl.data(), &a, b, hk);
+        for (index_t g = 0; g < group; ++g)
+          for (index_t i = 0; i < Lq; ++i) {
+            const index_t h = hk * group + g, r = g * Lq + i;
+            if (a.grad_query.data) {
+              float* dst = a.grad_query.row(b, h, i);
+              for (index_t d = 0; d < D; ++d) dst[d] = float(dq[std::size_t(r * D + d)]);
+            }
+            if (a.grad_temperature)
+              dtau_rows[std::size_t((b * Hq + h) * Lq + i)] = -rows[std::size_t(g)].dts[std::size_t(i)] /
+                                                              rows[std::size_t(g)].tau[std::size_t(i)];
+          }
+      }
+    }
+  }
+  if (a.grad_temperature) write_grad_temperature(a, dtau_rows);
+  return true;
+}
+
+/// Entry points: float storage computes in double unless args.float_arithmetic.
+template <class T, bool Continuum>
+bool flash_forward(const ForwardArgs<T>& a, double scale) {
+  if constexpr (std::is_same<T, float>::value)
+    if (!a.float_arithmetic) return forward_via_double<Continuum>(a, scale);
+  return forward_native<T, Continuum>(a, scale);
+}
+template <class T, bool Continuum>
+bool flash_backward(const BackwardArgs<T>& a, double scale) {
+  if constexpr (std::is_same<T, float>::value)
+    if (!a.float_arithmetic) return backward_via_double<Continuum>(a, scale);
+  return backward_native<T, Continuum>(a, scale);
+}
+
+}  // namespace flash
+}  // namespace cpu_detail
+}  // namespace continuum

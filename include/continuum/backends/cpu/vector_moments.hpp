@@ -1,0 +1,388 @@
+// backends/cpu/vector_moments.hpp — branch-free, vectorisable versions of the
+// exponential and of the segment weights of SPEC §4–§5, for the tiled CPU
+// kernels (backends/cpu/flash.hpp).
+//
+// The scalar primitives in math/ (mu0 … nu2, segment_weight …) branch on the
+// argument and call std::exp/expm1, which the compiler cannot vectorise. Here
+// every function is straight-line code over plain scalars, meant to be called
+// inside `#pragma omp simd` loops: both regimes are computed and the right one
+// is selected per lane (a blend), and exp is a Cody–Waite reduction plus a
+// polynomial with the 2^n scaling done on the exponent bits.
+//
+// Segment of two neighbouring knots with scores x, y (already shifted by the
+// row's reference m, so Ex = e^{x-m}, Ey = e^{y-m} are the knot exponentials),
+// b = |x - y|, eM = max(Ex, Ey) = e^{max-m}, eMin = min(Ex, Ey) = e^{max-m} e^{-b}:
+//   near weight  eM ν(-b)   (the knot with the larger score)
+//   far weight   eM μ1(-b)
+//   near ∂/∂self eM ν2(-b),  far ∂/∂self eM μ2(-b),  coupling eM κ(-b).
+// Evaluation, per lane:
+//  * b ≤ 2: eM · P(b - 1), P a degree-8 (float) / degree-14 (double) polynomial,
+//    the Chebyshev interpolant of the function on b ∈ [0, 2] (coefficients from
+//    mpmath.chebyfit at 60 digits; max relative error 1e-8 (float) / 4e-18
+//    (double) of the function's minimum on the interval, printed beside each
+//    array). Centred at b = 1 the terms alternate but their absolute sum stays
+//    below 2× the value, so Horner adds at most ~2 ulp.
+//  * b > 2: the closed forms of SPEC §5 written with eMin = eM e^{-b} (no second
+//    exponential) and r = 1/b (no b², b³, so no overflow):
+//      eM ν   = (eM (b-1) r + eMin r) r
+//      eM μ1  = (eM - (1+b) eMin) r r            (1+b)e^{-b} ≤ 0.41: no cancellation
+//      eM κ   = ((b-2) r eM + (b+2) r eMin) r r  (both terms ≥ 0)
+//      eM ν2  = eM ((b-1) r)² r + (eM - 2 eMin) r r r
+//      eM μ2  = (2 eM μ1 - eMin) r               (loses ≤ ~1 ulp at b = 2)
+// Accuracy against the scalar primitives (math/curve.hpp) is measured by
+// tests/unit/test_vector_moments.cpp (few ulp; see the bounds there).
+//
+// exp_clamped(x): e^x for x ≤ 88.7 (float) / 709 (double); returns exactly 0
+// below the normal range (x < -87.33 / -708.39) instead of a subnormal, so the
+// kernels never produce denormals from exp (SPEC §5 "no overflow"; CASES W11).
+// Relative error ≤ 2 ulp on the rest (Cephes expf polynomial for float, degree-13
+// Taylor on |r| ≤ ln2/2 for double). NaN is not propagated (callers mask).
+#pragma once
+
+#include <cstdint>
+
+#include "../../config.hpp"
+#include "simd.hpp"
+
+namespace continuum {
+namespace cpu_detail {
+
+template <class T>
+struct VectorMath;
+
+template <>
+struct VectorMath<float> {
+  static inline float exp_clamped(float x) {
+    constexpr float kLog2e = 1.44269504088896341f;
+    constexpr float kMagic = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
+    constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+    const bool under = x < -87.3365447505531f;
+    const float t = x * kLog2e + kMagic;
+    const float n = t - kMagic;
+    float r = x - n * kLn2Hi;
+    r = r - n * kLn2Lo;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = (p * (r * r) + r) + 1.0f;
+    std::int32_t k = __builtin_bit_cast(std::int32_t, t) - __builtin_bit_cast(std::int32_t, kMagic);
+    k = k > 127 ? 127 : k;  // x > 88.72: saturates (callers stay below)
+    k = k < -127 ? -127 : k;
+    const float scale = __builtin_bit_cast(float, (k + 127) << 23);
+    return under ? 0.0f : y * scale;
+  }
+  // Chebyshev interpolants on b ∈ [0, 2] in t = b - 1, c0 + c1 t + … (mpmath).
+  // nu: max abs error 4.7e-11; mu1: 4.4e-10; nu2: 8.3e-12; mu2: 4.0e-10; kappa: 3.9e-11.
+  static constexpr int kDeg = 8;
+  static constexpr float nu[9] = {0.367879441171442321596f, -0.103638323123991224246f, 0.0233369264109052586970f, -0.00434877476882405800140f, 0.000688923166296992986216f, -0.0000947192181459018985768f, 0.0000114952375339727149007f, -0.00000127244082016711531985f, 0.000000124414820269728166359f};
+  static constexpr float mu1[9] = {0.264241117657115356809f, -0.160602790549501347996f, 0.0569644703021807068517f, -0.0146394351927041441293f, 0.00297092843623007202897f, -0.000499274779995984022782f, 0.0000717287430779564687754f, -0.00000923028923924537263531f, 0.00000102361117962765898713f};
+  static constexpr float nu2[9] = {0.264241117657115356809f, -0.0569644705591759140081f, 0.0102906177373653966141f, -0.00159307953247720473726f, 0.000215233199883218764829f, -0.0000257539656556881141966f, 0.00000276349058774268439519f, -0.000000273006195044258394490f, 0.0000000241765545048020617732f};
+  static constexpr float mu2[9] = {0.160602794142788392022f, -0.113928937984686037759f, 0.0439181616286408447688f, -0.0118837399563572908651f, 0.00249723846981629780758f, -0.000430309527505770238402f, 0.0000629969961317264382699f, -0.00000823085461412251570996f, 0.000000923372913862732882544f};
+  static constexpr float kappa[9] = {0.103638323514326964787f, -0.0466738525648153102376f, 0.0130463086735398620829f, -0.00275569523634685326414f, 0.000473689966413774221387f, -0.0000689652524902137843802f, 0.00000873174694623003050550f, -0.000000999434625122856925356f, 0.000000100238265764926104585f};
+};
+
+template <>
+struct VectorMath<double> {
+  static inline double exp_clamped(double x) {
+    constexpr double kLog2e = 1.4426950408889634074;
+    constexpr double kMagic = 6755399441055744.0;  // 1.5·2^52
+    constexpr double kLn2Hi = 6.93147180369123816490e-01, kLn2Lo = 1.90821492927058770002e-10;
+    const bool under = x < -708.39641853226408;
+    const double t = x * kLog2e + kMagic;
+    const double n = t - kMagic;
+    double r = x - n * kLn2Hi;
+    r = r - n * kLn2Lo;
+    // Taylor to degree 13: remainder (ln2/2)^14/14! < 5e-18.
+    double p = 1.0 / 6227020800.0;
+    p = p * r + 1.0 / 479001600.0;
+    p = p * r + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    const double y = (p * (r * r) + r) + 1.0;
+    std::int64_t k = __builtin_bit_cast(std::int64_t, t) - __builtin_bit_cast(std::int64_t, kMagic);
+    k = k > 1023 ? 1023 : k;  // x > 709.4: saturates (callers stay below)
+    k = k < -1023 ? -1023 : k;
+    const double scale = __builtin_bit_cast(double, (k + 1023) << 52);
+    return under ? 0.0 : y * scale;
+  }
+  // nu: 7.6e-20; mu1: 1.2e-18; nu2: 8.8e-21; mu2: 1.1e-18; kappa: 6.7e-20 (max abs error).
+  static constexpr int kDeg = 14;
+  static constexpr double nu[15] = {0.367879441171442321596, -0.103638323514326965859, 0.0233369264429327688345, -0.00434876956677891965698, 0.000688922739435245142770, -0.0000947379218539867001755, 0.0000114967725655550930415, -0.00000124757588883144877753, 0.000000122373292807003455967, -0.0000000109478196098368946171, 0.000000000900048483490934197182, -0.0000000000684308880237403273591, 0.00000000000483932739233514156289, -0.000000000000324211915817205582658, 0.0000000000000200779301925119219855};
+  static constexpr double mu1[15] = {0.264241117657115356809, -0.160602794142788408259, 0.0569644706284614281901, -0.0146393873093742432632, 0.00297092408790842937144, -0.000499446895734683322119, 0.0000717443767228765140926, -0.00000900162075259895881986, 0.00000100282930321744186560, -0.000000100477739859685962682, 0.00000000914772264285502622274, -0.000000000763073769086120662903, 0.0000000000587522332390700442333, -0.00000000000426619579892265010501, 0.000000000000284056055432181738687};
+  static constexpr double nu2[15] = {0.264241117657115356809, -0.0569644706284614273606, 0.0102906177425958896916, -0.00159307860903796563134, 0.000215233130167475345801, -0.0000257572864604172049400, 0.00000276374132930701885712, -0.000000268589547285742779367, 0.0000000238429616717358674333, -0.00000000194733310587624475106, 0.000000000147236138894376356698, -0.0000000000103604160356231248920, 0.000000000000681761250952841766204, -0.0000000000000426352935001486596378, 0.00000000000000247943311512481566688};
+  static constexpr double mu2[15] = {0.160602794142788392022, -0.113928941256922869761, 0.0439181619281245490471, -0.0118836963516332892376, 0.00249723447864065957448, -0.000430466260341113826883, 0.0000630113454866284399083, -0.00000802263441105325282169, 0.000000904298972082174277068, -0.0000000914772533557253128160, 0.00000000839491029825846838226, -0.000000000705003297098003460436, 0.0000000000545946670976877444367, -0.00000000000398461917660559318199, 0.000000000000266457558354794632369};
+  static constexpr double kappa[15] = {0.103638323514326964787, -0.0466738528858655384985, 0.0130463087003368791430, -0.00275569095774095402564, 0.000473689609267769796969, -0.0000689806353935694952355, 0.00000873303123624807418434, -0.000000978986341545705998168, 0.0000000985303311352675885333, -0.00000000900048650396064986604, 0.000000000752812344596557840484, -0.0000000000580704719881172024671, 0.00000000000415756614138229979668, -0.000000000000281576622317056923020, 0.0000000000000175984970773871063186};
+};
+
+/// Horner evaluation of c[0] + c[1] t + … + c[N-1] t^{N-1}.
+template <class T, int N>
+inline T horner(const T (&c)[N], T t) {
+  T p = c[N - 1];
+#pragma GCC unroll 16
+  for (int k = N - 2; k >= 0; --k) p = p * t + c[k];
+  return p;
+}
+
+/// e^x, vectorisable; 0 below the normal range (see the file comment).
+template <class T>
+inline T exp_clamped(T x) {
+  return VectorMath<T>::exp_clamped(x);
+}
+
+/// Forward weights of one segment: `near` = eM ν(-b) goes to the knot with the
+/// larger score, `far` = eM μ1(-b) to the other. Ex, Ey are the knots'
+/// exponentials (same shift), b = |x - y| ≥ 0 finite.
+template <class T>
+inline void segment_weights(T b, T Ex, T Ey, T& near, T& far) {
+  using M = VectorMath<T>;
+  const T eM = Ex > Ey ? Ex : Ey;
+  const T eMin = Ex > Ey ? Ey : Ex;
+  const T t = b - T(1);
+  const T pn = eM * horner(M::nu, t);
+  const T pf = eM * horner(M::mu1, t);
+  const T r = T(1) / (b > T(2) ? b : T(2));  // the closed form is only used for b > 2
+  const T cn = (eM * (t * r) + eMin * r) * r;
+  const T cf = ((eM - (T(1) + b) * eMin) * r) * r;
+  const bool series = b <= T(2);
+  near = series ? pn : cn;
+  far = series ? pf : cf;
+}
+
+/// Forward and backward terms of one segment: the two weights (near, far),
+/// the derivatives of each weight with respect to its own knot's score
+/// (dnear = eM ν2, dfar = eM μ2), and the coupling eM κ (the derivative of
+/// either weight with respect to the other knot's score).
+template <class T>
+inline void segment_terms(T b, T Ex, T Ey, T& near, T& far, T& dnear, T& dfar, T& coupling) {
+  using M = VectorMath<T>;
+  const T eM = Ex > Ey ? Ex : Ey;
+  const T eMin = Ex > Ey ? Ey : Ex;
+  const T t = b - T(1);
+  const T pk = eM * horner(M::kappa, t);
+  const T pn2 = eM * horner(M::nu2, t);
+  const T pm2 = eM * horner(M::mu2, t);
+  const T r = T(1) / (b > T(2) ? b : T(2));
+  const T cn = (eM * (t * r) + eMin * r) * r;
+  const T cf = ((eM - (T(1) + b) * eMin) * r) * r;
+  const T ck = (((b - T(2)) * r) * eM + ((b + T(2)) * r) * eMin) * r * r;
+  const T u = t * r;
+  const T cn2 = eM * (u * u) * r + (((eM - T(2) * eMin) * r) * r) * r;
+  const T cm2 = (T(2) * cf - eMin) * r;
+  const bool series = b <= T(2);
+  near = series ? pn2 + pk : cn;
+  far = series ? pm2 + pk : cf;
+  dnear = series ? pn2 : cn2;
+  dfar = series ? pm2 : cm2;
+  coupling = series ? pk : ck;
+}
+
+
+#if defined(CONTINUUM_CPU_SIMD)
+// ---------------------------------------------------------------------------
+// The same functions on whole vectors (GCC/Clang vector extensions), the same
+// operations in the same order as the scalar versions above; the kernels call
+// these on full vectors and never mix the two within one call.
+// ---------------------------------------------------------------------------
+template <class T>
+struct VectorOps {
+  using S = Simd<T>;
+  using V = typename S::v;
+  using VI = typename S::vi;
+  static constexpr bool kFloat = sizeof(T) == 4;
+
+  static V splat(T x) { return V{} + x; }
+
+  static V exp_clamped(V x) {
+    if constexpr (kFloat) {
+      constexpr float kLog2e = 1.44269504088896341f;
+      constexpr float kMagic = 12582912.0f;
+      constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+      const VI under = x < -87.3365447505531f;
+      const V t = x * kLog2e + kMagic;
+      const V n = t - kMagic;
+      V r = x - n * kLn2Hi;
+      r = r - n * kLn2Lo;
+      V p = splat(1.9875691500e-4f);
+      p = p * r + 1.3981999507e-3f;
+      p = p * r + 8.3334519073e-3f;
+      p = p * r + 4.1665795894e-2f;
+      p = p * r + 1.6666665459e-1f;
+      p = p * r + 5.0000001201e-1f;
+      const V y = (p * (r * r) + r) + 1.0f;
+      VI k = (VI)t - __builtin_bit_cast(std::int32_t, kMagic);
+      k = k > 127 ? 127 : k;
+      k = k < -127 ? -127 : k;
+      const VI bits = (k + 127) << 23;
+      const V scale = (V)bits;
+      return under ? V{} : y * scale;
+    } else {
+      constexpr double kLog2e = 1.4426950408889634074;
+      constexpr double kMagic = 6755399441055744.0;
+      constexpr double kLn2Hi = 6.93147180369123816490e-01, kLn2Lo = 1.90821492927058770002e-10;
+      const VI under = x < -708.39641853226408;
+      const V t = x * kLog2e + kMagic;
+      const V n = t - kMagic;
+      V r = x - n * kLn2Hi;
+      r = r - n * kLn2Lo;
+      V p = splat(1.0 / 6227020800.0);
+      p = p * r + 1.0 / 479001600.0;
+      p = p * r + 1.0 / 39916800.0;
+      p = p * r + 1.0 / 3628800.0;
+      p = p * r + 1.0 / 362880.0;
+      p = p * r + 1.0 / 40320.0;
+      p = p * r + 1.0 / 5040.0;
+      p = p * r + 1.0 / 720.0;
+      p = p * r + 1.0 / 120.0;
+      p = p * r + 1.0 / 24.0;
+      p = p * r + 1.0 / 6.0;
+      p = p * r + 0.5;
+      const V y = (p * (r * r) + r) + 1.0;
+      VI k = (VI)t - __builtin_bit_cast(std::int64_t, kMagic);
+      k = k > 1023 ? 1023 : k;
+      k = k < -1023 ? -1023 : k;
+      const VI bits = (k + 1023) << 52;
+      const V scale = (V)bits;
+      return under ? V{} : y * scale;
+    }
+  }
+
+  /// 1/x for x ≥ 2 (finite or +∞). AVX-512: 14-bit estimate refined by Newton
+  /// steps (one for float, two for double: error ≤ 2^-28 / 2^-56 before the
+  /// final rounding); elsewhere a division.
+  static V reciprocal(V x) {
+#if defined(__AVX512F__)
+    if constexpr (kSimdBytes == 64) {
+      V r;
+      if constexpr (kFloat)
+        r = (V)_mm512_maskz_rcp14_ps((__mmask16)0xFFFF, (__m512)x);
+      else
+        r = (V)_mm512_maskz_rcp14_pd((__mmask8)0xFF, (__m512d)x);
+      V e = T(1) - x * r;
+      r = r + r * e;
+      if constexpr (!kFloat) {
+        e = T(1) - x * r;
+        r = r + r * e;
+      }
+      return r;
+    }
+#endif
+    return T(1) / x;
+  }
+
+  template <int N>
+  static V horner(const T (&c)[N], V t) {
+    V p = splat(c[N - 1]);
+#pragma GCC unroll 16
+    for (int k = N - 2; k >= 0; --k) p = p * t + c[k];
+    return p;
+  }
+
+  static V vmax(V a, V b) { return a > b ? a : b; }
+  static V vmin(V a, V b) { return a > b ? b : a; }
+
+  /// Lanes with b ≤ 2 (the polynomial regime): 0 = none, 1 = some, 2 = all.
+  /// The kernels evaluate only the regime that occurs in a vector; the result
+  /// is the same as evaluating both and blending (lane by lane the same ops).
+  static int series_lanes(V b) {
+#if defined(__AVX512F__)
+    if constexpr (kSimdBytes == 64) {
+      unsigned m;
+      if constexpr (kFloat)
+        m = _mm512_cmp_ps_mask((__m512)b, _mm512_set1_ps(2.0f), _CMP_LE_OQ);
+      else
+        m = _mm512_cmp_pd_mask((__m512d)b, _mm512_set1_pd(2.0), _CMP_LE_OQ);
+      constexpr unsigned all = (1u << S::W) - 1;
+      return m == 0 ? 0 : m == all ? 2 : 1;
+    }
+#endif
+    int n = 0;
+    for (int i = 0; i < S::W; ++i) n += b[i] <= T(2);
+    return n == 0 ? 0 : n == S::W ? 2 : 1;
+  }
+
+  /// Forward segment weights, as segment_weights() above.
+  static void segment_weights(V b, V Ex, V Ey, V& near, V& far) {
+    using M = VectorMath<T>;
+    const V eM = vmax(Ex, Ey), eMin = vmin(Ex, Ey);
+    const V t = b - T(1);
+    const int regime = series_lanes(b);
+    V pn{}, pf{}, cn{}, cf{};
+    if (regime != 0) {
+      pn = eM * horner(M::nu, t);
+      pf = eM * horner(M::mu1, t);
+      if (regime == 2) {
+        near = pn;
+        far = pf;
+        return;
+      }
+    }
+    const V r = reciprocal(vmax(b, splat(T(2))));
+    cn = (eM * (t * r) + eMin * r) * r;
+    cf = ((eM - (T(1) + b) * eMin) * r) * r;
+    if (regime == 0) {
+      near = cn;
+      far = cf;
+      return;
+    }
+    const VI series = b <= T(2);
+    near = series ? pn : cn;
+    far = series ? pf : cf;
+  }
+
+  /// Forward and backward segment terms, as segment_terms() above.
+  static void segment_terms(V b, V Ex, V Ey, V& near, V& far, V& dnear, V& dfar, V& coupling) {
+    using M = VectorMath<T>;
+    const V eM = vmax(Ex, Ey), eMin = vmin(Ex, Ey);
+    const V t = b - T(1);
+    const int regime = series_lanes(b);
+    V pk{}, pn2{}, pm2{};
+    if (regime != 0) {
+      pk = eM * horner(M::kappa, t);
+      pn2 = eM * horner(M::nu2, t);
+      pm2 = eM * horner(M::mu2, t);
+      if (regime == 2) {
+        near = pn2 + pk;
+        far = pm2 + pk;
+        dnear = pn2;
+        dfar = pm2;
+        coupling = pk;
+        return;
+      }
+    }
+    const V r = reciprocal(vmax(b, splat(T(2))));
+    const V cn = (eM * (t * r) + eMin * r) * r;
+    const V cf = ((eM - (T(1) + b) * eMin) * r) * r;
+    const V ck = (((b - T(2)) * r) * eM + ((b + T(2)) * r) * eMin) * r * r;
+    const V u = t * r;
+    const V cn2 = eM * (u * u) * r + (((eM - T(2) * eMin) * r) * r) * r;
+    const V cm2 = (T(2) * cf - eMin) * r;
+    if (regime == 0) {
+      near = cn;
+      far = cf;
+      dnear = cn2;
+      dfar = cm2;
+      coupling = ck;
+      return;
+    }
+    const VI series = b <= T(2);
+    near = series ? pn2 + pk : cn;
+    far = series ? pm2 + pk : cf;
+    dnear = series ? pn2 : cn2;
+    dfar = series ? pm2 : cm2;
+    coupling = series ? pk : ck;
+  }
+};
+#endif  // CONTINUUM_CPU_SIMD
+
+}  // namespace cpu_detail
+}  // namespace continuum
