@@ -91,10 +91,12 @@ struct ForwardArgs {
   /// only): P (the weights that multiply the values) and π (cell masses).
   T* probs = nullptr;
   T* cell_mass = nullptr;
-  /// Float storage only (ignored for double). false (default): the CPU backend
-  /// computes in double and rounds each output once. true: it computes in
-  /// float, like FlashAttention (about 2× faster; errors ~1e-6 of max|out|
-  /// instead of one rounding). Results stay independent of num_threads.
+  /// false (default): the CPU backend's exact kernels, computing in double and
+  /// rounding each output once. true: opt in to the tiled FlashAttention-style
+  /// kernels (backends/cpu/flash.hpp), which compute in the storage precision
+  /// (for float about 2× faster; errors ~1e-6 of max|out| instead of one
+  /// rounding) and fall back to the exact kernels for inputs they do not suit.
+  /// Results stay independent of num_threads either way.
   bool float_arithmetic = false;
   /// OpenMP threads; 0 = the runtime's default. Results do not depend on it.
   int num_threads = 0;
@@ -118,10 +120,12 @@ struct BackwardArgs {
   Temperature<accum_t<T>> temperature{};
   std::optional<double> scale{};
   Visibility visibility{};
-  /// Float storage only (ignored for double). false (default): the CPU backend
-  /// computes in double and rounds each output once. true: it computes in
-  /// float, like FlashAttention (about 2× faster; errors ~1e-6 of max|out|
-  /// instead of one rounding). Results stay independent of num_threads.
+  /// false (default): the CPU backend's exact kernels, computing in double and
+  /// rounding each output once. true: opt in to the tiled FlashAttention-style
+  /// kernels (backends/cpu/flash.hpp), which compute in the storage precision
+  /// (for float about 2× faster; errors ~1e-6 of max|out| instead of one
+  /// rounding) and fall back to the exact kernels for inputs they do not suit.
+  /// Results stay independent of num_threads either way.
   bool float_arithmetic = false;
   int num_threads = 0;
 };
