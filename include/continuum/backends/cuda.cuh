@@ -14,7 +14,9 @@
 // templates the CPU backend uses. Launches are asynchronous on the default
 // stream. Not supported here: the probs / cell_mass inspection outputs (CPU only).
 // Device-resident arrays (explicit ranges, per-head / per-query temperature)
-// are not read on the host, so their values are not validated.
+// are validated by a check kernel whose result the host waits for (one sync
+// per call that has such arrays; CONTINUUM_CUDA_UNCHECKED_DEVICE_ARRAYS skips
+// it), see launch.cuh check_device_arrays and docs/CUDA.md.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -48,10 +50,13 @@ struct attention_impl<cuda_t> {
 /// Forward on the GPU (SPEC §4–§5); `args` hold device pointers. Same contract
 /// as attention/forward.hpp's attention_forward, except: T is float, __half or
 /// __nv_bfloat16 (fp32 accumulation; lse and the temperature are float for the
-/// 16-bit types); head_dim, Dv ≤ 256; probs / cell_mass must be null; device
-/// arrays (per-head / per-query τ, explicit ranges) are not validated.
-/// Asynchronous on the default stream.
-/// \throws std::invalid_argument on bad shapes (host-side checks), std::runtime_error on CUDA errors.
+/// 16-bit types); head_dim, Dv ≤ 256; probs / cell_mass must be null. The
+/// values of device arrays (per-head / per-query τ: finite, > 0, scale/τ
+/// finite in fp32; explicit ranges: 0 ≤ lo ≤ hi ≤ Lk) are checked by a small
+/// kernel and the call then waits for the default stream; without such
+/// arrays it is asynchronous on the default stream.
+/// \throws std::invalid_argument on bad shapes or values (the CPU backend's
+///         messages), std::runtime_error on CUDA errors.
 template <class T>
 void attention_forward(cuda_t, const ForwardArgs<T>& args) {
   double scale = 1.0;
@@ -63,7 +68,12 @@ void attention_forward(cuda_t, const ForwardArgs<T>& args) {
 }
 
 /// Backward on the GPU (SPEC §6): dQ, dK, dV, dτ; deterministic (no atomics).
-/// Same contract and exceptions as the forward above; lse from it is required.
+/// Same contract, checks and exceptions as the forward above. As in the CPU
+/// backend, `out` and `lse` are shape-checked but not read (lse may be null):
+/// each row's maximum and Z are recomputed and Dl is formed from P and dP
+/// relative to the row's first maximal key, not as dO·o (tiny τ, bug case W12).
+/// fp32 range limit: where a row's score gaps around its maximum exceed ~1e19
+/// (e.g. τ < 1e-19 with O(1) gaps), that row's dQ, dK, dτ flush to 0.
 template <class T>
 void attention_backward(cuda_t, const BackwardArgs<T>& args) {
   double scale = 1.0;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <cuda_runtime.h>
 
@@ -20,14 +21,16 @@
 namespace continuum {
 namespace cuda_detail {
 
-template <class E, class A, class Stencil, bool Stats>
-__global__ void forward_kernel(const KernelParams<E, A> p) { forward_body<E, A, Stencil, Stats>(p); }
-template <class E, class A>
-__global__ void delta_kernel(const KernelParams<E, A> p) { delta_body<E, A>(p); }
+template <class E, class A, class Stencil>
+__global__ void forward_kernel(const KernelParams<E, A> p) { forward_body<E, A, Stencil>(p); }
+template <class E, class A, class Stencil>
+__global__ void row_stats_kernel(const KernelParams<E, A> p) { row_stats_body<E, A, Stencil>(p); }
 template <class E, class A, class Stencil>
 __global__ void dq_kernel(const KernelParams<E, A> p) { dq_body<E, A, Stencil>(p); }
 template <class E, class A, class Stencil>
 __global__ void dkdv_kernel(const KernelParams<E, A> p) { dkdv_body<E, A, Stencil>(p); }
+template <class A>
+__global__ void device_check_kernel(const DeviceArrays<A> d, int* flags) { device_array_check_body<A>(d, flags); }
 template <class E, class A>
 __global__ void dtau_kernel(const KernelParams<E, A> p, A* grad) { dtau_body<E, A>(p, grad); }
 
@@ -67,9 +70,41 @@ void set_smem(Kern k, std::size_t bytes) {
              "cudaFuncSetAttribute");
 }
 
+/// Checks the values of the device arrays among the arguments (per-head /
+/// per-query temperature, explicit ranges; arguments.cuh) before any attention
+/// kernel runs: one small kernel, then its flags are copied back, which waits
+/// for the default stream. Nothing is launched when the arguments hold no
+/// device array. Defining CONTINUUM_CUDA_UNCHECKED_DEVICE_ARRAYS skips the
+/// check (and the wait); bad values are then not reported.
+/// \throws std::invalid_argument naming the first bad element, as the CPU backend does.
+template <class A, class Args>
+void check_device_arrays(const char* fn, const Args& a, const AttentionShape& s, double scale) {
+#if defined(CONTINUUM_CUDA_UNCHECKED_DEVICE_ARRAYS)
+  (void)fn, (void)a, (void)s, (void)scale;
+#else
+  const DeviceArrays<A> d = device_arrays<A>(a, s, scale);
+  if (d.count() == 0) return;
+  constexpr int threads = 256;
+  const index_t blocks = device_check_blocks(d.count(), threads);
+  int* flags_dev = nullptr;
+  check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&flags_dev), sizeof(int) * 2 * blocks, 0), "cudaMallocAsync");
+  device_check_kernel<A><<<unsigned(blocks), threads, 2 * threads * sizeof(int)>>>(d, flags_dev);
+  check_cuda(cudaGetLastError(), "argument check kernel launch");
+  std::vector<int> flags(static_cast<std::size_t>(2 * blocks));
+  const cudaError_t copied = cudaMemcpy(flags.data(), flags_dev, sizeof(int) * flags.size(), cudaMemcpyDeviceToHost);
+  check_cuda(cudaFreeAsync(flags_dev, 0), "cudaFreeAsync");
+  check_cuda(copied, "cudaMemcpy (argument check flags)");
+  report_device_arrays(fn, flags, a.temperature, a.visibility, s, d, scale,
+                       [](void* dst, const void* src, std::size_t bytes) {
+                         check_cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+                       });
+#endif
+}
+
 template <class E, class Stencil>
 void forward_launch(const ForwardArgs<E>& a, const AttentionShape& shape, double scale) {
   using A = accum_t<E>;
+  check_device_arrays<A>("attention_forward(cuda)", a, shape, scale);
   KernelParams<E, A> p = make_params<E, A>(a, shape, scale);
   p.out = a.out;
   p.lse_out = a.lse;
@@ -77,7 +112,7 @@ void forward_launch(const ForwardArgs<E>& a, const AttentionShape& shape, double
   std::size_t bytes = 0;
   choose_tiles([&](int bm, int bn) { return ForwardShared<A>::carve(nullptr, nullptr, bm, bn, p.D, p.Dv); },
                p.bm, p.bn, bytes);
-  auto kern = forward_kernel<E, A, Stencil, false>;
+  auto kern = forward_kernel<E, A, Stencil>;
   set_smem(kern, bytes);
   const index_t work = ((p.Lq + p.bm - 1) / p.bm) * p.B * p.Hq;
   kern<<<grid_for(work), block_size, bytes>>>(p);
@@ -88,10 +123,9 @@ template <class E, class Stencil>
 void backward_launch(const BackwardArgs<E>& a, const AttentionShape& shape, double scale) {
   using A = accum_t<E>;
   const index_t B = shape.batch, Hq = shape.heads_q, Lq = shape.len_q;
+  check_device_arrays<A>("attention_backward(cuda)", a, shape, scale);
   KernelParams<E, A> p = make_params<E, A>(a, shape, scale);
-  p.o = a.out;
   p.dout = a.grad_out;
-  p.lse_in = a.lse;
   p.dq = a.grad_query;
   p.dk = a.grad_key;
   p.dv = a.grad_value;
@@ -115,40 +149,40 @@ void backward_launch(const BackwardArgs<E>& a, const AttentionShape& shape, doub
     }
     return;
   }
+  // Workspace: the row statistics (common.cuh KernelParams), [B, Hq, Lq] each.
   const index_t rows = p.B * p.Hq * p.Lq;
-  A* ws = nullptr;
-  check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&ws), sizeof(A) * rows * 4, 0),
-             "cudaMallocAsync");
-  p.row_delta = ws;
-  p.row_shift = ws + rows;
-  p.row_norm = ws + 2 * rows;
-  p.row_dtau = want_dtau ? ws + 3 * rows : nullptr;
+  void* ws = nullptr;
+  check_cuda(cudaMallocAsync(&ws, (sizeof(index_t) + 6 * sizeof(A)) * rows, 0), "cudaMallocAsync");
+  p.row_ref = static_cast<index_t*>(ws);
+  A* wa = reinterpret_cast<A*>(p.row_ref + rows);
+  p.row_shift = wa;
+  p.row_norm = wa + rows;
+  p.row_dpref = wa + 2 * rows;
+  p.row_dl = wa + 3 * rows;
+  p.row_dsref = wa + 4 * rows;
+  p.row_dtau = want_dtau ? wa + 5 * rows : nullptr;
   if (want_dtau && p.tshape == TemperatureShape::per_query) p.row_dtau = a.grad_temperature;
 
-  delta_kernel<E, A><<<grid_for((rows + block_size - 1) / block_size), block_size>>>(p);
-  check_cuda(cudaGetLastError(), "delta kernel launch");
-  {  // row statistics: shift/norm of P (exact m, l where |lse| is too large to trust)
-    std::size_t fbytes = 0;
-    KernelParams<E, A> ps = p;
-    choose_tiles([&](int bm, int bn) { return ForwardShared<A>::carve(nullptr, nullptr, bm, bn, p.D, p.Dv); },
-                 ps.bm, ps.bn, fbytes);
-    auto kern = forward_kernel<E, A, Stencil, true>;
-    set_smem(kern, fbytes);
-    kern<<<grid_for(((p.Lq + ps.bm - 1) / ps.bm) * p.B * p.Hq), block_size, fbytes>>>(ps);
-    check_cuda(cudaGetLastError(), "row statistics kernel launch");
-  }
-
+  using Role = typename BackwardShared<A>::Role;
   std::size_t bytes = 0;
   int bm = 0, bn = 0;
-  choose_tiles([&](int m, int n) {
-    return BackwardShared<A>::carve(nullptr, nullptr, m, n, p.D, p.Dv, true); }, bm, bn, bytes);
+  choose_tiles([&](int m, int n) { return BackwardShared<A>::carve(nullptr, nullptr, m, n, p.D, p.Dv, Role::key); },
+               bm, bn, bytes);
   p.bm = bm;
   p.bn = bn;
+  const unsigned q_grid = grid_for(((p.Lq + bm - 1) / bm) * p.B * p.Hq);
+  {  // 1. row statistics (the D pass): m, Z̃, ref, dP_ref, Dl − dP_ref, dS_ref
+    auto kern = row_stats_kernel<E, A, Stencil>;
+    const std::size_t b1 = BackwardShared<A>::carve(nullptr, nullptr, bm, bn, p.D, p.Dv, Role::row_stats);
+    set_smem(kern, b1);
+    kern<<<q_grid, block_size, b1>>>(p);
+    check_cuda(cudaGetLastError(), "row statistics kernel launch");
+  }
   if (p.dq.data != nullptr || want_dtau) {
     auto kern = dq_kernel<E, A, Stencil>;
-    const std::size_t b2 = BackwardShared<A>::carve(nullptr, nullptr, bm, bn, p.D, p.Dv, false);
+    const std::size_t b2 = BackwardShared<A>::carve(nullptr, nullptr, bm, bn, p.D, p.Dv, Role::query);
     set_smem(kern, b2);
-    kern<<<grid_for(((p.Lq + bm - 1) / bm) * p.B * p.Hq), block_size, b2>>>(p);
+    kern<<<q_grid, block_size, b2>>>(p);
     check_cuda(cudaGetLastError(), "dq kernel launch");
   }
   if (p.dk.data != nullptr || p.dv.data != nullptr) {
