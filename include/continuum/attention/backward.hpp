@@ -44,6 +44,8 @@ namespace continuum {
 ///       underflow and that row's dQ, dK, dτ flush to 0; beyond ~1e300 every
 ///       weight underflows (forward: mean value of the maximal keys; backward:
 ///       dV only). Float storage never reaches these (computed in double).
+///       Raw scores q·k beyond DBL_MAX (double storage) are handled as in
+///       attention_forward (W13): finite gradients, no NaN.
 template <class Backend, class T>
 void attention_backward(Backend, const BackwardArgs<T>& args) {
   double scale = 1.0;
