@@ -984,6 +984,7 @@ TEST_CASE("W13 double: overflowing products that cancel (inf - inf)", "[bug][W13
   c.Lk = 7;
   c.D = 4;
   c.Dv = 3;
+  c.want_maps = true;
   c.alloc();
   auto rng = rng_for(1301);
   c.fill_uniform(rng);
@@ -1022,6 +1023,7 @@ TEST_CASE("W13 double: scores of |q·k| ~ 1e309 with a tiny scale", "[bug][W13]"
   c.scale = 1e-307;
   c.vis.causal = true;
   c.tshape = TemperatureShape::per_query;
+  c.want_maps = true;  // P and π from the scaled scores too
   c.alloc();
   auto rng = rng_for(1302);
   c.fill_uniform(rng);
