@@ -186,7 +186,7 @@ TEMPLATE_TEST_CASE("SPEC 7.4 P and pi are non-negative and rows sum to 1", "[pro
 }
 
 // §7.5 -----------------------------------------------------------------------
-TEMPLATE_TEST_CASE("SPEC 7.5 reversing keys and window reverses P; order matters", "[property][7.5]", float,
+TEMPLATE_TEST_CASE("SPEC 7.5 reversing keys and window reverses P, order matters", "[property][7.5]", float,
                    double) {
   const int seed = GENERATE(take(10, random(0, 1000000)));
   const index_t Lk = 8;

@@ -551,7 +551,7 @@ TEST_CASE("bad input: one line naming the file, non-zero exit, no output written
   }
 }
 
-TEST_CASE("bad command line: status 2; a device or folder as input, a folder in the way: nothing written", "[cli]") {
+TEST_CASE("bad command line: status 2, a device or folder as input, a folder in the way: nothing written", "[cli]") {
   const fs::path dir = scratch("usage");
   const std::string d = dir.string();
   const Run mk = run_tool(dir, "--make-example " + d + " --example-shape 1 1 3 3 2");
