@@ -20,19 +20,6 @@ using continuum::TemperatureShape;
 
 namespace {
 
-template <class T>
-bool all_finite(const std::vector<T>& v) {
-  for (T x : v)
-    if (!std::isfinite(x)) return false;
-  return true;
-}
-template <class T>
-bool no_nan(const std::vector<T>& v) {
-  for (T x : v)
-    if (std::isnan(x)) return false;
-  return true;
-}
-
 /// Peak resident set (VmHWM) in KiB, and a reset of it (Linux ≥ 4.0).
 long vm_kib(const char* key) {
   std::ifstream f("/proc/self/status");
@@ -396,16 +383,6 @@ struct FdPoint {
   index_t b, h, s, d;
 };
 
-double loss_of(Case<double>& c) {
-  c.forward();
-  double l = 0;
-  for (index_t b = 0; b < c.B; ++b)
-    for (index_t h = 0; h < c.Hq; ++h)
-      for (index_t i = 0; i < c.Lq; ++i)
-        for (index_t d = 0; d < c.dv_dim(); ++d) l += c.dout.at(b, h, i, d) * c.o.at(b, h, i, d);
-  return l;
-}
-
 }  // namespace
 
 TEST_CASE("W08 last partial tile", "[bug][W08]") {
@@ -422,8 +399,7 @@ TEST_CASE("W08 last partial tile", "[bug][W08]") {
   c.alloc();
   auto rng = rng_for(static_cast<std::uint64_t>(900 + L * 2 + window));
   c.fill_uniform(rng);
-  std::uniform_real_distribution<double> ut(0.3, 1.5);
-  for (auto& t : c.taus) t = ut(rng);
+  random_taus(c, rng, 0.3, 1.5);
   if (L <= 33) check_backward<mp>(c, "W08");
   else check_backward<long double>(c, "W08");
   CHECK(all_finite(c.dq.contiguous()));
@@ -452,26 +428,14 @@ TEST_CASE("W08 last partial tile", "[bug][W08]") {
   for (const auto& pt : pts) {
     double scale = 0;
     for (double g : pt.grad->contiguous()) scale = std::max(scale, std::fabs(g));
-    double& e = pt.x->at(pt.b, pt.h, pt.s, pt.d);
-    const double keep = e;
-    e = keep + h;
-    const double lp = loss_of(c);
-    e = keep - h;
-    const double lm = loss_of(c);
-    e = keep;
-    worst = std::max(worst, std::fabs((lp - lm) / (2 * h) - pt.grad->at(pt.b, pt.h, pt.s, pt.d)) / scale);
+    const double fd = central_difference(c, pt.x->at(pt.b, pt.h, pt.s, pt.d), h);
+    worst = std::max(worst, std::fabs(fd - pt.grad->at(pt.b, pt.h, pt.s, pt.d)) / scale);
   }
   {
     double scale = 0;
     for (double g : dtau) scale = std::max(scale, std::fabs(g));
     for (std::size_t t : {std::size_t(L - 1), std::size_t(0), std::size_t(L / 2)}) {
-      const double keep = c.taus[t];
-      c.taus[t] = keep + h;
-      const double lp = loss_of(c);
-      c.taus[t] = keep - h;
-      const double lm = loss_of(c);
-      c.taus[t] = keep;
-      worst = std::max(worst, std::fabs((lp - lm) / (2 * h) - dtau[t]) / scale);
+      worst = std::max(worst, std::fabs(central_difference(c, c.taus[t], h) - dtau[t]) / scale);
     }
   }
   INFO("L=" << L << " W=" << window << " FD worst " << worst);

@@ -4,7 +4,6 @@
 // seeded generators for the tensors.
 #include <catch2/catch.hpp>
 
-#include <cstring>
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
@@ -14,15 +13,6 @@
 using namespace harness;
 using continuum::index_t;
 using continuum::TemperatureShape;
-
-namespace {
-
-template <class T>
-bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
-}  // namespace
 
 // §7.1 -----------------------------------------------------------------------
 TEMPLATE_TEST_CASE("SPEC 7.1 one visible key gives o = v exactly", "[property][7.1]", float, double) {
@@ -126,8 +116,7 @@ TEST_CASE("SPEC 7.3 sum_j dS_ij = 0: reference rows, and the operator's sum_j dK
   c.alloc();
   auto rng = rng_for(static_cast<std::uint64_t>(seed));
   c.fill_uniform(rng, -2, 2);
-  std::uniform_real_distribution<double> ut(0.2, 2);
-  for (auto& t : c.taus) t = ut(rng);
+  random_taus(c, rng, 0.2, 2);
   const auto p = c.problem<mp>();
   const auto g = continuum::reference::backward(p, c.grad_out_ref<mp>());
   for (index_t i = 0; i < c.Lq; ++i) {
@@ -477,9 +466,7 @@ TEMPLATE_TEST_CASE("random configurations: forward and backward equal the refere
   c.want_maps = true;
   c.alloc();
   c.fill_uniform(rng, -1.5, 1.5);
-  std::uniform_real_distribution<double> ut(0.2, 2.0);
-  c.tau = static_cast<TestType>(ut(rng));
-  for (auto& t : c.taus) t = static_cast<TestType>(ut(rng));
+  random_temperatures(c, rng, 0.2, 2.0);
   INFO("seed " << seed << " B=" << c.B << " Hq=" << c.Hq << " Hk=" << c.Hk << " Lq=" << c.Lq << " Lk=" << c.Lk
                << " D=" << c.D << " Dv=" << c.Dv << " bshd=" << c.bshd << " pad=" << c.pad << " vis=" << vis
                << " kernel=" << static_cast<int>(c.kernel) << " tshape=" << static_cast<int>(c.tshape)
