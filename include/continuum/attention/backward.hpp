@@ -2,7 +2,7 @@
 #pragma once
 
 #include "../backends/backend.hpp"
-#include "../math/density.hpp"
+#include "../detail/dispatch.hpp"
 #include "params.hpp"
 #include "validate.hpp"
 
@@ -50,10 +50,9 @@ template <class Backend, class T>
 void attention_backward(Backend, const BackwardArgs<T>& args) {
   double scale = 1.0;
   const AttentionShape shape = validate_backward(args, &scale);
-  if (args.kernel == Kernel::continuum)
-    attention_impl<Backend>::template backward<T, ContinuumStencil>(args, shape, scale);
-  else
-    attention_impl<Backend>::template backward<T, SoftmaxStencil>(args, shape, scale);
+  detail::with_stencil(args.kernel, [&](auto stencil) {
+    attention_impl<Backend>::template backward<T, decltype(stencil)>(args, shape, scale);
+  });
 }
 
 /// attention_backward on the CPU backend (include <continuum/continuum.hpp>).

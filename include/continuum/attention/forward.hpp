@@ -4,7 +4,7 @@
 #pragma once
 
 #include "../backends/backend.hpp"
-#include "../math/density.hpp"
+#include "../detail/dispatch.hpp"
 #include "params.hpp"
 #include "validate.hpp"
 
@@ -57,10 +57,9 @@ template <class Backend, class T>
 void attention_forward(Backend, const ForwardArgs<T>& args) {
   double scale = 1.0;
   const AttentionShape shape = validate_forward(args, &scale);
-  if (args.kernel == Kernel::continuum)
-    attention_impl<Backend>::template forward<T, ContinuumStencil>(args, shape, scale);
-  else
-    attention_impl<Backend>::template forward<T, SoftmaxStencil>(args, shape, scale);
+  detail::with_stencil(args.kernel, [&](auto stencil) {
+    attention_impl<Backend>::template forward<T, decltype(stencil)>(args, shape, scale);
+  });
 }
 
 /// attention_forward on the CPU backend (include <continuum/continuum.hpp>).
