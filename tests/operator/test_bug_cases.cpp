@@ -1013,3 +1013,42 @@ TEST_CASE("W13 double: scores of |q·k| ~ 1e309 with a tiny scale", "[bug][W13]"
   CHECK(ek.ref_scale > 0.0);
   CHECK(ek.max_abs <= br.tol * ek.ref_scale);
 }
+
+TEST_CASE("W13 double: KV-cache decode rows equal the full causal forward bit for bit", "[bug][W13]") {
+  // Whether a row's scores are scaled (and by how much) depends only on its
+  // query and visible keys, not on the rows it shares a block with: each
+  // decode step (Lq = 1 over keys [0, t]) must give the full causal
+  // forward's row t exactly. Rows cycle through q ~ 1e-2, 1e10 (|q·k| beyond
+  // DBL_MAX: scaled) and 1e8 (|q·k| ≤ 4e307: unscaled), 20 rows in two query
+  // blocks that mix scaled and unscaled rows.
+  const int kern = GENERATE(0, 1, 2);
+  const index_t L = 20, D = 4;
+  Case<double> full;
+  full.kernel = w13_kernels[kern];
+  full.Lq = full.Lk = L;
+  full.D = D;
+  full.scale = 1e-307;
+  full.vis.causal = true;
+  full.alloc();
+  auto rng = rng_for(1303);
+  full.fill_uniform(rng);
+  for (index_t i = 0; i < L; ++i)
+    for (index_t d = 0; d < D; ++d) full.q.at(0, 0, i, d) *= (i % 3 == 0) ? 1e-2 : (i % 3 == 1) ? 1e10 : 1e8;
+  full.k.for_each([](double& x) { x *= 1e299; });
+  full.forward();
+  CHECK(all_finite(full.o.contiguous()));
+  for (index_t t = 0; t < L; ++t) {
+    continuum::ForwardArgs<double> a = full.forward_args();
+    a.query.data = full.q.view.row(0, 0, t);
+    a.query.seq = 1;
+    a.key.seq = t + 1;
+    a.value.seq = t + 1;
+    std::vector<double> out(static_cast<std::size_t>(D)), lse(1);
+    a.out = continuum::TensorView<double>{out.data(), 1, 1, 1, D, D, D, D};
+    a.lse = lse.data();
+    continuum::attention_forward(continuum::cpu, a);
+    INFO(continuum::kernel_name(full.kernel) << " step " << t);
+    for (index_t d = 0; d < D; ++d) CHECK(out[static_cast<std::size_t>(d)] == full.o.at(0, 0, t, d));
+    CHECK(lse[0] == full.lse[static_cast<std::size_t>(t)]);
+  }
+}

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "../backend.hpp"
@@ -107,7 +108,7 @@ double reference_grad_score(const BackwardArgs<T>& a, const AttentionShape& sh, 
 template <class T, class Stencil>
 void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, double scale,
                           index_t b, index_t hq, index_t qb, RowStats& rs, bool want_dq,
-                          const std::vector<double>& km, Workspace& ws) {
+                          Workspace& ws) {
   const index_t Lq = sh.len_q, Lk = sh.len_k, D = sh.dim, Dv = sh.dim_v;
   const index_t hk = hq / sh.group();
   const index_t i0 = qb * block_q;
@@ -138,7 +139,6 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
     Workspace::fit(ws.qd, nq * D);
     Workspace::fit(ws.dod, nq * Dv);
     load_rows(a.query, b, hq, i0, nq, ws.qd.data());
-    for (index_t r = 0; r < nq; ++r) ex[r] = scale_query_row(ws.qd.data() + r * D, D, km, b * sh.heads_kv + hk);
     load_rows(a.grad_out, b, hq, i0, nq, ws.dod.data());
     const index_t maxc = block_k + 2;
     Workspace::fit(ws.kt, maxc * D);
@@ -154,21 +154,36 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
       c1 = (k1 + 1) < khi ? (k1 + 1) : khi;
     };
     // Sweep 0: each row's raw maximum m_i and reference key ref_i (its first
-    // visible key at the maximum).
-    for (index_t k0 = kfirst; k0 < khi; k0 += block_k) {
-      index_t k1, c0, c1;
-      tile_cols(k0, k1, c0, c1);
-      const index_t nc = c1 - c0;
-      load_rows_transposed(a.key, b, hk, c0, nc, ws.kt.data());
-      tile_product(ws.qd.data(), nq, D, ws.kt.data(), nc, ws.s.data());
+    // visible key at the maximum). Double storage: rows with a non-finite raw
+    // score get scaled scores and sweep 0 is redone (tile.hpp, W13; the
+    // forward decides the same way, so both use the same E_i).
+    bool bad[block_q] = {};
+    for (bool scaled = false;; scaled = true) {
+      bool redo = false;
+      for (index_t k0 = kfirst; k0 < khi; k0 += block_k) {
+        index_t k1, c0, c1;
+        tile_cols(k0, k1, c0, c1);
+        const index_t nc = c1 - c0;
+        load_rows_transposed(a.key, b, hk, c0, nc, ws.kt.data());
+        tile_product(ws.qd.data(), nq, D, ws.kt.data(), nc, ws.s.data());
+        for (index_t r = 0; r < nq; ++r) {
+          const index_t ja = k0 > rg[r].lo ? k0 : rg[r].lo, jb = k1 < rg[r].hi ? k1 : rg[r].hi;
+          const double* sr = ws.s.data() + r * nc;
+          if constexpr (std::is_same<T, double>::value)
+            if (!scaled && ja < jb && has_nonfinite(sr + (ja - c0), jb - ja)) redo = bad[r] = true;
+          for (index_t j = ja; j < jb; ++j)
+            if (sr[j - c0] > m[r]) {
+              m[r] = sr[j - c0];
+              ref[r] = j;
+            }
+        }
+      }
+      if (!redo) break;
       for (index_t r = 0; r < nq; ++r) {
-        const index_t ja = k0 > rg[r].lo ? k0 : rg[r].lo, jb = k1 < rg[r].hi ? k1 : rg[r].hi;
-        const double* sr = ws.s.data() + r * nc;
-        for (index_t j = ja; j < jb; ++j)
-          if (sr[j - c0] > m[r]) {
-            m[r] = sr[j - c0];
-            ref[r] = j;
-          }
+        m[r] = -__builtin_huge_val();
+        ref[r] = -1;
+        if (bad[r])
+          ex[r] = scale_query_row(ws.qd.data() + r * D, D, max_abs_finite(a.key, b, hk, rg[r].lo, rg[r].hi));
       }
     }
     for (index_t r = 0; r < nq; ++r)
@@ -427,7 +442,6 @@ void backward(const BackwardArgs<T>& a, const AttentionShape& sh, double scale) 
   rs.dtau.assign(static_cast<std::size_t>(rows), 0.0);
   rs.ties.assign(static_cast<std::size_t>(rows), 0.0);
   rs.ex.assign(static_cast<std::size_t>(rows), 0);
-  const std::vector<double> km = key_magnitudes(a.key);
   const double work = static_cast<double>(rows) * static_cast<double>(sh.len_k);
   const bool want_dq = a.grad_query.data != nullptr || a.grad_temperature != nullptr;
 
@@ -448,7 +462,7 @@ void backward(const BackwardArgs<T>& a, const AttentionShape& sh, double scale) 
                             const index_t bh = item / nqb;
                             backward_query_block<T, Stencil>(a, sh, scale, bh / sh.heads_q,
                                                              bh % sh.heads_q, qb, rs,
-                                                             want_dq && !fused, km, ws);
+                                                             want_dq && !fused, ws);
                           });
 
   const index_t nkb = (sh.len_k + block_k - 1) / block_k;

@@ -6,7 +6,7 @@
 #pragma once
 
 #include <cmath>
-#include <vector>
+#include <type_traits>
 
 #include "../backend.hpp"
 #include "parallel.hpp"
@@ -15,11 +15,13 @@
 namespace continuum {
 namespace cpu_detail {
 
-/// Forward for query rows [i0, i0 + nq) of (b, hq).
-/// km: key_magnitudes(a.key) (empty for float storage; see tile.hpp, W13).
+/// Forward for query rows [i0, i0 + nq) of (b, hq). Unscaled (scaled =
+/// false) it returns false, writing nothing, when double storage meets a
+/// non-finite raw score: the caller reruns it with scaled scores (tile.hpp,
+/// W13). Returns true when the outputs are written.
 template <class T, class Stencil>
-void forward_block(const ForwardArgs<T>& a, const AttentionShape& sh, double scale, index_t b,
-                   index_t hq, index_t qb, const std::vector<double>& km, Workspace& ws) {
+bool forward_block(const ForwardArgs<T>& a, const AttentionShape& sh, double scale, index_t b,
+                   index_t hq, index_t qb, bool scaled, Workspace& ws) {
   using F = detail::FlushedStencil<Stencil, double>;
   const index_t Lq = sh.len_q, Lk = sh.len_k, D = sh.dim, Dv = sh.dim_v;
   const index_t hk = hq / sh.group();
@@ -47,7 +49,13 @@ void forward_block(const ForwardArgs<T>& a, const AttentionShape& sh, double sca
   if (klo < khi) {
     Workspace::fit(ws.qd, nq * D);
     load_rows(a.query, b, hq, i0, nq, ws.qd.data());
-    for (index_t r = 0; r < nq; ++r) ex[r] = scale_query_row(ws.qd.data() + r * D, D, km, b * sh.heads_kv + hk);
+    if (scaled) {  // the rows with a non-finite raw score get scaled scores (W13)
+      bool bad[block_q];
+      nonfinite_score_rows(a.key, b, hk, ws.qd.data(), nq, D, rg, klo, khi, ws, bad);
+      for (index_t r = 0; r < nq; ++r)
+        if (bad[r])
+          ex[r] = scale_query_row(ws.qd.data() + r * D, D, max_abs_finite(a.key, b, hk, rg[r].lo, rg[r].hi));
+    }
     const index_t maxc = block_k + 2;
     Workspace::fit(ws.kt, maxc * D);
     Workspace::fit(ws.vd, block_k * Dv);
@@ -67,6 +75,8 @@ void forward_block(const ForwardArgs<T>& a, const AttentionShape& sh, double sca
         const index_t ja = k0 > lo ? k0 : lo, jb = k1 < hi ? k1 : hi;
         if (ja >= jb) continue;
         const index_t ca = c0 > lo ? c0 : lo, cb = c1 < hi ? c1 : hi;
+        if constexpr (std::is_same<T, double>::value)
+          if (!scaled && has_nonfinite(ws.s.data() + r * nc + (ca - c0), cb - ca)) return false;
         double* w = ws.w.data();
         const double f = row_tile_update<Stencil>(ws.s.data() + r * nc, c0, lo, hi, ja, jb, ca, cb,
                                                   c[r], ex[r], st[r], w);
@@ -138,6 +148,7 @@ void forward_block(const ForwardArgs<T>& a, const AttentionShape& sh, double sca
       }
     }
   }
+  return true;
 }
 
 template <class T, class Stencil>
@@ -146,11 +157,12 @@ void forward(const ForwardArgs<T>& a, const AttentionShape& sh, double scale) {
   const index_t items = sh.batch * sh.heads_q * nqb;
   const double work = static_cast<double>(sh.batch * sh.heads_q) * static_cast<double>(sh.len_q) *
                       static_cast<double>(sh.len_k);
-  const std::vector<double> km = key_magnitudes(a.key);
   parallel_for<Workspace>(items, a.num_threads, work, [&](index_t item, Workspace& ws) {
     const index_t qb = item % nqb;
     const index_t bh = item / nqb;
-    forward_block<T, Stencil>(a, sh, scale, bh / sh.heads_q, bh % sh.heads_q, qb, km, ws);
+    const index_t b = bh / sh.heads_q, hq = bh % sh.heads_q;
+    if (!forward_block<T, Stencil>(a, sh, scale, b, hq, qb, false, ws))
+      forward_block<T, Stencil>(a, sh, scale, b, hq, qb, true, ws);
   });
 }
 

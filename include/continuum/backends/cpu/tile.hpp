@@ -102,22 +102,34 @@ inline double raw_dot(const TQ* q, const TK* k, index_t depth) {
 // For double storage the raw score r = q·k can exceed DBL_MAX although q and
 // k are finite (q = 1e10, k = 1e300): unscaled, r overflows to ±∞, the row
 // maximum becomes +∞ and the shift ∞ − ∞ (or a dot product summing +∞ and
-// −∞ products) gives NaN. Each query row i therefore gets an exponent
-// E_i ≥ 0 (score_exponent) and its scores are formed as r̂ = (2^{−E_i} q)·k,
-// so that |r̂| ≤ D·max|q̂|·max|k| < 2^1021 never overflows, not even in a
-// partial sum. The row maximum m̂ is kept in the same units and the shifted
-// score is s̃ = c·(r̂ − m̂)·2^{E_i} (shifted_score_scaled), exact apart from one
-// rounding of the product and saturating to −∞. E_i = 0 whenever D·max|q_i|
-// ·max|k| < 2^1021 (always for float storage: D·FLT_MAX² ≪ 2^1021), and then
-// every operation is exactly the unscaled one, bit for bit. Cost of scaling:
-// q components below 2^{E_i−1022} lose bits (absolute error ≤ 2^{E_i−1074}
-// per product, E_i ≤ 1100, far below the rounding of the largest products).
+// −∞ products) gives NaN; a −∞ score is wrong too when c = scale/τ is tiny.
+// A query block therefore first runs unscaled; if the storage is double and
+// a visible raw score of row i is not finite (has_nonfinite), the block is
+// redone with, for each such row, an exponent E_i ≥ 0 (score_exponent:
+// D·max|q_i|·max|k| < 2^{1021+E_i}, max|k| over the finite elements of the
+// row's visible keys) and scores r̂ = (2^{−E_i} q_i)·k, which never overflow, not even
+// in a partial sum. The row maximum m̂ is kept in the same units and the
+// shifted score is s̃ = c·(r̂ − m̂)·2^{E_i} (shifted_score_scaled: exact apart
+// from one rounding of the product, saturating to −∞). Every other row (E_i
+// = 0) is computed exactly as unscaled, bit for bit; whether a row is scaled
+// depends only on its query and visible keys, not on its block (a KV-cache
+// decode row still equals the full forward's). Float storage never needs it
+// (D·FLT_MAX² ≪ 2^1021 in double), so its path has no check at all. Cost of scaling: q components
+// below 2^{E_i−1022} lose bits (absolute error ≤ 2^{E_i−1074} per product,
+// E_i ≤ 1100, far below the rounding of the largest products).
 
-/// max |x| over the finite elements of rows [0, seq) of (b, h) (0 if none).
+/// True when some score of s[0, n) is ±∞ or NaN.
+inline bool has_nonfinite(const double* s, index_t n) {
+  bool bad = false;
+  for (index_t j = 0; j < n; ++j) bad |= !(std::fabs(s[j]) <= __DBL_MAX__);
+  return bad;
+}
+
+/// max |x| over the finite elements of rows [j0, j1) of (b, h) (0 if none).
 template <class T>
-inline double max_abs_finite(const TensorView<const T>& v, index_t b, index_t h) {
+inline double max_abs_finite(const TensorView<const T>& v, index_t b, index_t h, index_t j0, index_t j1) {
   double m = 0.0;
-  for (index_t j = 0; j < v.seq; ++j) {
+  for (index_t j = j0; j < j1; ++j) {
     const T* r = v.row(b, h, j);
     for (index_t e = 0; e < v.dim; ++e) {
       const double x = std::fabs(static_cast<double>(r[e]));
@@ -125,20 +137,6 @@ inline double max_abs_finite(const TensorView<const T>& v, index_t b, index_t h)
     }
   }
   return m;
-}
-
-/// Per (batch, KV head) max |k| over the finite key elements, for double
-/// storage (empty for float storage: its scores never need scaling).
-template <class T>
-inline std::vector<double> key_magnitudes(const TensorView<const T>& key) {
-  std::vector<double> km;
-  if constexpr (std::is_same<T, double>::value) {
-    km.resize(static_cast<std::size_t>(key.batch * key.heads));
-    for (index_t b = 0; b < key.batch; ++b)
-      for (index_t h = 0; h < key.heads; ++h)
-        km[static_cast<std::size_t>(b * key.heads + h)] = max_abs_finite(key, b, h);
-  }
-  return km;
 }
 
 /// E ≥ 0 with D·qmax·kmax·2^{−E} < 2^1021 (qmax, kmax over finite elements;
@@ -151,19 +149,44 @@ inline int score_exponent(double qmax, double kmax, index_t depth) {
   return bound > 1021 ? bound - 1021 : 0;
 }
 
-/// Exponent E_i of a loaded query row q (length D) against keys of magnitude
-/// kmax (km empty: float storage, 0); scales the row by 2^{−E_i} in place.
-inline int scale_query_row(double* q, index_t depth, const std::vector<double>& km, index_t head_id) {
-  if (km.empty()) return 0;
+/// Exponent E_i of a loaded query row q (length D) against keys of finite
+/// magnitude ≤ kmax (the row's visible keys); scales the row by 2^{−E_i} in
+/// place.
+inline int scale_query_row(double* q, index_t depth, double kmax) {
   double qmax = 0.0;
   for (index_t e = 0; e < depth; ++e) {
     const double x = std::fabs(q[e]);
     if (x > qmax && x <= __DBL_MAX__) qmax = x;
   }
-  const int ex = score_exponent(qmax, km[static_cast<std::size_t>(head_id)], depth);
+  const int ex = score_exponent(qmax, kmax, depth);
   if (ex != 0)
     for (index_t e = 0; e < depth; ++e) q[e] = std::ldexp(q[e], -ex);
   return ex;
+}
+
+/// bad[r] for the rows r < nq of a loaded query block qd ([nq][D]) whose
+/// visible raw scores (keys rg[r]) include a non-finite one, by a sweep over
+/// the key tiles of [klo, khi); returns whether any row is bad. Uses ws.kt,
+/// ws.s.
+template <class T, class Ws>
+bool nonfinite_score_rows(const TensorView<const T>& key, index_t b, index_t hk, const double* qd,
+                          index_t nq, index_t D, const KeyRange* rg, index_t klo, index_t khi, Ws& ws,
+                          bool* bad) {
+  bool any = false;
+  for (index_t r = 0; r < nq; ++r) bad[r] = false;
+  for (index_t k0 = (klo / block_k) * block_k; k0 < khi; k0 += block_k) {
+    const index_t k1 = (k0 + block_k) < khi ? (k0 + block_k) : khi;
+    const index_t ka = k0 > klo ? k0 : klo, nc = k1 - ka;
+    Ws::fit(ws.kt, nc * D);
+    Ws::fit(ws.s, nq * nc);
+    load_rows_transposed(key, b, hk, ka, nc, ws.kt.data());
+    tile_product(qd, nq, D, ws.kt.data(), nc, ws.s.data());
+    for (index_t r = 0; r < nq; ++r) {
+      const index_t ja = ka > rg[r].lo ? ka : rg[r].lo, jb = k1 < rg[r].hi ? k1 : rg[r].hi;
+      if (ja < jb && has_nonfinite(ws.s.data() + r * nc + (ja - ka), jb - ja)) bad[r] = any = true;
+    }
+  }
+  return any;
 }
 
 /// c·x·2^e for finite c > 0 and e > 0 without intermediate overflow or
