@@ -525,6 +525,24 @@ void random_ranges(Case<T>& c, std::mt19937_64& rng) {
     }
 }
 
+/// The arguments of one KV-cache decode step of c's (causal) forward: query
+/// row t of every batch and head over keys [0, t + 1), out resized to
+/// [B, Hq, 1, Dv] (contiguous) and lse to [B, Hq].
+template <class T>
+continuum::ForwardArgs<T> decode_step_args(Case<T>& c, index_t t, std::vector<T>& out, std::vector<T>& lse) {
+  continuum::ForwardArgs<T> a = c.forward_args();
+  a.query.data = c.q.view.row(0, 0, t);
+  a.query.seq = 1;
+  a.key.seq = t + 1;
+  a.value.seq = t + 1;
+  const index_t dv = c.dv_dim();
+  out.assign(static_cast<std::size_t>(c.B * c.Hq * dv), T(0));
+  lse.assign(static_cast<std::size_t>(c.B * c.Hq), T(0));
+  a.out = continuum::TensorView<T>{out.data(), c.B, c.Hq, 1, dv, c.Hq * dv, dv, dv};
+  a.lse = lse.data();
+  return a;
+}
+
 // ---------------------------------------------------------------------------
 // Checks and finite differences.
 

@@ -1038,15 +1038,8 @@ TEST_CASE("W13 double: KV-cache decode rows equal the full causal forward bit fo
   full.forward();
   CHECK(all_finite(full.o.contiguous()));
   for (index_t t = 0; t < L; ++t) {
-    continuum::ForwardArgs<double> a = full.forward_args();
-    a.query.data = full.q.view.row(0, 0, t);
-    a.query.seq = 1;
-    a.key.seq = t + 1;
-    a.value.seq = t + 1;
-    std::vector<double> out(static_cast<std::size_t>(D)), lse(1);
-    a.out = continuum::TensorView<double>{out.data(), 1, 1, 1, D, D, D, D};
-    a.lse = lse.data();
-    continuum::attention_forward(continuum::cpu, a);
+    std::vector<double> out, lse;
+    continuum::attention_forward(continuum::cpu, decode_step_args(full, t, out, lse));
     INFO(continuum::kernel_name(full.kernel) << " step " << t);
     for (index_t d = 0; d < D; ++d) CHECK(out[static_cast<std::size_t>(d)] == full.o.at(0, 0, t, d));
     CHECK(lse[0] == full.lse[static_cast<std::size_t>(t)]);

@@ -328,15 +328,8 @@ TEMPLATE_TEST_CASE("SPEC 7.9 KV-cache decode rows equal the full causal forward"
   full.forward();
   const double tol = sizeof(TestType) == 4 ? 1e-6 : 1e-13;
   for (index_t t = 0; t < L; ++t) {
-    continuum::ForwardArgs<TestType> a = full.forward_args();
-    a.query.data = full.q.view.row(0, 0, t);
-    a.query.seq = 1;
-    a.key.seq = t + 1;
-    a.value.seq = t + 1;
-    std::vector<TestType> out(2 * 8), lse(2);
-    a.out = continuum::TensorView<TestType>{out.data(), 1, 2, 1, 8, 16, 8, 8};
-    a.lse = lse.data();
-    continuum::attention_forward(continuum::cpu, a);
+    std::vector<TestType> out, lse;  // [1, 2, 1, 8], [1, 2]
+    continuum::attention_forward(continuum::cpu, decode_step_args(full, t, out, lse));
     for (index_t h = 0; h < 2; ++h) {
       double e = 0, s = 0;
       for (index_t d = 0; d < 8; ++d) {
