@@ -965,6 +965,17 @@ TEST_CASE("W13 double: overflowing products that cancel (inf - inf)", "[bug][W13
   const auto fr = check_forward<mp>(c, "W13 cancel");
   CHECK(fr.max_score < 4.0);  // the scores really are O(1)
   CHECK(no_nan(c.o.contiguous()));
+  // The tiled kernels (float_arithmetic) decline such inputs (their
+  // ‖q‖·‖k‖ bound is not finite) and fall back to the exact ones: same bits.
+  {
+    const std::vector<double> o = c.o.contiguous(), lse = c.lse;
+    auto fa = c.forward_args();
+    fa.float_arithmetic = true;
+    fa.probs = fa.cell_mass = nullptr;
+    continuum::attention_forward(continuum::cpu, fa);
+    CHECK(bitwise_equal(c.o.contiguous(), o));
+    CHECK(bitwise_equal(c.lse, lse));
+  }
   check_backward<mp>(c, "W13 cancel");
 }
 
