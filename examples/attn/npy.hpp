@@ -35,6 +35,11 @@
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 namespace attn {
 
 /// A problem with a named file; what() reads "<path>: <problem>".
@@ -244,9 +249,13 @@ std::string encode(const std::vector<T>& data, const std::vector<std::size_t>& s
 }
 
 /// Writes a set of files atomically as a group: every file goes to a
-/// temporary name in its folder first; only when all are written and closed
-/// are they renamed into place. On any error the temporaries are removed and
-/// no output file appears.
+/// temporary in its target's folder first, created with mkstemp (a name
+/// unique to this run: ".NAME.XXXXXX", so concurrent runs writing the same
+/// outputs and leftovers of killed runs never collide); only when all are
+/// written and closed, and no target is a folder, are they renamed into
+/// place. On any error the temporaries are removed and no output file
+/// appears. (Two concurrent runs into one folder each replace whole files;
+/// which run's file each name ends up holding is unspecified.)
 class AtomicWriter {
  public:
   AtomicWriter() = default;
@@ -255,13 +264,32 @@ class AtomicWriter {
   ~AtomicWriter() { discard(); }
 
   void add(const std::string& path, const std::string& bytes) {
-    const std::string tmp = path + ".tmp." + std::to_string(counter_++) + "~";
-    temps_.push_back({tmp, path});
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw NpyError(path, std::string("cannot create: ") + std::strerror(errno));
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (!out) throw NpyError(path, "write failed");
+    const std::filesystem::path target(path);
+    std::string tmpl = (target.parent_path() / ("." + target.filename().string() + ".XXXXXX")).string();
+    const int fd = ::mkstemp(tmpl.data());
+    if (fd < 0) throw NpyError(path, std::string("cannot create a temporary file: ") + std::strerror(errno));
+    temps_.push_back({tmpl, path});
+    // mkstemp creates the file 0600; give it the permissions a plain create
+    // would (0666 less the umask).
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    bool ok = ::fchmod(fd, 0666 & ~mask) == 0;
+    int err = ok ? 0 : errno;
+    for (std::size_t done = 0; ok && done < bytes.size();) {
+      const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        ok = false;
+        err = n < 0 ? errno : EIO;
+      } else {
+        done += static_cast<std::size_t>(n);
+      }
+    }
+    if (::close(fd) != 0 && ok) {
+      ok = false;
+      err = errno;
+    }
+    if (!ok) throw NpyError(path, std::string("write failed: ") + std::strerror(err));
   }
   /// Renames every temporary into place.
   void commit() {
@@ -272,11 +300,16 @@ class AtomicWriter {
       if (std::filesystem::is_directory(t.second, ec))
         throw NpyError(t.second, "cannot replace: a folder has this name");
     }
-    for (auto& t : temps_)
-      if (std::rename(t.first.c_str(), t.second.c_str()) != 0)
-        throw NpyError(t.second, std::string("cannot rename into place: ") + std::strerror(errno));
+    for (std::size_t i = 0; i < temps_.size(); ++i) {
+      if (std::rename(temps_[i].first.c_str(), temps_[i].second.c_str()) != 0) {
+        const int err = errno;
+        temps_.erase(temps_.begin(), temps_.begin() + static_cast<std::ptrdiff_t>(i));
+        throw NpyError(temps_.front().second, std::string("cannot rename into place: ") + std::strerror(err));
+      }
+    }
     temps_.clear();
   }
+  /// Removes the temporaries not renamed yet.
   void discard() {
     for (auto& t : temps_) std::remove(t.first.c_str());
     temps_.clear();
@@ -284,7 +317,6 @@ class AtomicWriter {
 
  private:
   std::vector<std::pair<std::string, std::string>> temps_;
-  unsigned counter_ = 0;
 };
 
 }  // namespace attn

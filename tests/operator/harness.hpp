@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <optional>
@@ -489,6 +490,102 @@ inline continuum::Visibility visibility_code(int code) {
   v.causal = code >= 1 && code <= 4;
   v.window = code == 2 ? 1 : code == 3 ? 2 : code == 4 ? 5 : code == 5 ? 2 : 0;
   return v;
+}
+
+// ---------------------------------------------------------------------------
+// Set-up shared by the operator, bug-case and property tests.
+
+/// Only the per-head / per-query temperatures c.taus, uniform in [lo, hi)
+/// (c.tau untouched). Call after alloc().
+template <class T>
+void random_taus(Case<T>& c, std::mt19937_64& rng, double lo, double hi) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  for (auto& t : c.taus) t = static_cast<T>(u(rng));
+}
+
+/// The scalar temperature c.tau, then every c.taus, uniform in [lo, hi) (in
+/// that order of draws). Call after alloc().
+template <class T>
+void random_temperatures(Case<T>& c, std::mt19937_64& rng, double lo = 0.3, double hi = 2.0) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  c.tau = static_cast<T>(u(rng));
+  random_taus(c, rng, lo, hi);
+}
+
+/// Explicit visibility ranges [B, Lq] (before alloc(), c.Lk ≥ 1): lo uniform
+/// in [0, Lk), hi uniform in [lo, Lk] (empty rows included).
+template <class T>
+void random_ranges(Case<T>& c, std::mt19937_64& rng) {
+  for (index_t b = 0; b < c.B; ++b)
+    for (index_t i = 0; i < c.Lq; ++i) {
+      const index_t lo = static_cast<index_t>(rng() % static_cast<unsigned>(c.Lk));
+      const index_t hi = lo + static_cast<index_t>(rng() % static_cast<unsigned>(c.Lk - lo + 1));
+      c.range_lo.push_back(lo);
+      c.range_hi.push_back(hi);
+    }
+}
+
+/// The arguments of one KV-cache decode step of c's (causal) forward: query
+/// row t of every batch and head over keys [0, t + 1), out resized to
+/// [B, Hq, 1, Dv] (contiguous) and lse to [B, Hq].
+template <class T>
+continuum::ForwardArgs<T> decode_step_args(Case<T>& c, index_t t, std::vector<T>& out, std::vector<T>& lse) {
+  continuum::ForwardArgs<T> a = c.forward_args();
+  a.query.data = c.q.view.row(0, 0, t);
+  a.query.seq = 1;
+  a.key.seq = t + 1;
+  a.value.seq = t + 1;
+  const index_t dv = c.dv_dim();
+  out.assign(static_cast<std::size_t>(c.B * c.Hq * dv), T(0));
+  lse.assign(static_cast<std::size_t>(c.B * c.Hq), T(0));
+  a.out = continuum::TensorView<T>{out.data(), c.B, c.Hq, 1, dv, c.Hq * dv, dv, dv};
+  a.lse = lse.data();
+  return a;
+}
+
+// ---------------------------------------------------------------------------
+// Checks and finite differences.
+
+template <class T>
+bool all_finite(const std::vector<T>& v) {
+  for (T x : v)
+    if (!std::isfinite(x)) return false;
+  return true;
+}
+template <class T>
+bool no_nan(const std::vector<T>& v) {
+  for (T x : v)
+    if (std::isnan(x)) return false;
+  return true;
+}
+template <class T>
+bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+/// L = Σ dO∘O of the operator's forward on c (double): the loss whose
+/// gradients attention_backward returns for grad_out = c.dout.
+inline double forward_loss(Case<double>& c) {
+  c.forward();
+  double l = 0;
+  for (index_t b = 0; b < c.B; ++b)
+    for (index_t h = 0; h < c.Hq; ++h)
+      for (index_t i = 0; i < c.Lq; ++i)
+        for (index_t d = 0; d < c.dv_dim(); ++d) l += c.dout.at(b, h, i, d) * c.o.at(b, h, i, d);
+  return l;
+}
+
+/// Central difference (L(x + h) − L(x − h)) / (2h) of forward_loss in one
+/// input element x of c (an element of c.q, c.k, c.v, c.tau or c.taus);
+/// x is restored afterwards.
+inline double central_difference(Case<double>& c, double& x, double h) {
+  const double keep = x;
+  x = keep + h;
+  const double lp = forward_loss(c);
+  x = keep - h;
+  const double lm = forward_loss(c);
+  x = keep;
+  return (lp - lm) / (2 * h);
 }
 
 }  // namespace harness

@@ -20,19 +20,6 @@ using continuum::TemperatureShape;
 
 namespace {
 
-template <class T>
-bool all_finite(const std::vector<T>& v) {
-  for (T x : v)
-    if (!std::isfinite(x)) return false;
-  return true;
-}
-template <class T>
-bool no_nan(const std::vector<T>& v) {
-  for (T x : v)
-    if (std::isnan(x)) return false;
-  return true;
-}
-
 /// Peak resident set (VmHWM) in KiB, and a reset of it (Linux ≥ 4.0).
 long vm_kib(const char* key) {
   std::ifstream f("/proc/self/status");
@@ -396,16 +383,6 @@ struct FdPoint {
   index_t b, h, s, d;
 };
 
-double loss_of(Case<double>& c) {
-  c.forward();
-  double l = 0;
-  for (index_t b = 0; b < c.B; ++b)
-    for (index_t h = 0; h < c.Hq; ++h)
-      for (index_t i = 0; i < c.Lq; ++i)
-        for (index_t d = 0; d < c.dv_dim(); ++d) l += c.dout.at(b, h, i, d) * c.o.at(b, h, i, d);
-  return l;
-}
-
 }  // namespace
 
 TEST_CASE("W08 last partial tile", "[bug][W08]") {
@@ -422,8 +399,7 @@ TEST_CASE("W08 last partial tile", "[bug][W08]") {
   c.alloc();
   auto rng = rng_for(static_cast<std::uint64_t>(900 + L * 2 + window));
   c.fill_uniform(rng);
-  std::uniform_real_distribution<double> ut(0.3, 1.5);
-  for (auto& t : c.taus) t = ut(rng);
+  random_taus(c, rng, 0.3, 1.5);
   if (L <= 33) check_backward<mp>(c, "W08");
   else check_backward<long double>(c, "W08");
   CHECK(all_finite(c.dq.contiguous()));
@@ -452,26 +428,14 @@ TEST_CASE("W08 last partial tile", "[bug][W08]") {
   for (const auto& pt : pts) {
     double scale = 0;
     for (double g : pt.grad->contiguous()) scale = std::max(scale, std::fabs(g));
-    double& e = pt.x->at(pt.b, pt.h, pt.s, pt.d);
-    const double keep = e;
-    e = keep + h;
-    const double lp = loss_of(c);
-    e = keep - h;
-    const double lm = loss_of(c);
-    e = keep;
-    worst = std::max(worst, std::fabs((lp - lm) / (2 * h) - pt.grad->at(pt.b, pt.h, pt.s, pt.d)) / scale);
+    const double fd = central_difference(c, pt.x->at(pt.b, pt.h, pt.s, pt.d), h);
+    worst = std::max(worst, std::fabs(fd - pt.grad->at(pt.b, pt.h, pt.s, pt.d)) / scale);
   }
   {
     double scale = 0;
     for (double g : dtau) scale = std::max(scale, std::fabs(g));
     for (std::size_t t : {std::size_t(L - 1), std::size_t(0), std::size_t(L / 2)}) {
-      const double keep = c.taus[t];
-      c.taus[t] = keep + h;
-      const double lp = loss_of(c);
-      c.taus[t] = keep - h;
-      const double lm = loss_of(c);
-      c.taus[t] = keep;
-      worst = std::max(worst, std::fabs((lp - lm) / (2 * h) - dtau[t]) / scale);
+      worst = std::max(worst, std::fabs(central_difference(c, c.taus[t], h) - dtau[t]) / scale);
     }
   }
   INFO("L=" << L << " W=" << window << " FD worst " << worst);
@@ -896,4 +860,199 @@ TEST_CASE("W13 large q/k magnitude overflow (float)", "[bug][W13]") {
   CHECK(all_finite(c.dk.contiguous()));
   CHECK(all_finite(c.dv.contiguous()));
   CHECK(all_finite(c.dtau));
+}
+
+// ---------------------------------------------------------------------------
+// W13 with double storage: q·k beyond DBL_MAX although q and k are finite
+// (CPU exact kernels scale such rows' scores by 2^{-E}, backends/cpu/tile.hpp).
+namespace {
+
+const continuum::Kernel w13_kernels[] = {continuum::Kernel::continuum, continuum::Kernel::softmax,
+                                         continuum::Kernel::focal};
+
+}  // namespace
+
+TEST_CASE("W13 double: scores beyond DBL_MAX tend to the arg-max key", "[bug][W13]") {
+  use_mp_precision();
+  // q = [1e10]×4, k0 = [1e300]×4, k1 = [0.9e300]×4, k2 = -k0, default scale
+  // 1/2: raw dot products ±4e310 overflow double, the scores 2e310, 1.8e310,
+  // -2e310 too. Every gap is ~2e309, so the exact answer (MPFR reference) is
+  // v0 up to ~1e-309, lse = c·m + log Z ≈ 2e310 (+inf in double), and every
+  // gradient but dV0 = dO is ~0.
+  const int kern = GENERATE(0, 1, 2);
+  const double tau = GENERATE(1.0, 2.0);
+  Case<double> c;
+  c.B = GENERATE(1, 2);  // B = 2: the backward's fused scheme, B = 1: split
+  c.kernel = w13_kernels[kern];
+  c.Lq = 1;
+  c.Lk = 3;
+  c.D = 4;
+  c.Dv = 2;
+  c.tau = tau;
+  c.alloc();
+  const double vals[3][2] = {{1, 2}, {-3, 4}, {5, -6}};
+  for (index_t b = 0; b < c.B; ++b) {
+    for (index_t d = 0; d < 4; ++d) {
+      c.q.at(b, 0, 0, d) = 1e10;
+      c.k.at(b, 0, 0, d) = 1e300;
+      c.k.at(b, 0, 1, d) = 0.9e300;
+      c.k.at(b, 0, 2, d) = -1e300;
+    }
+    for (index_t j = 0; j < 3; ++j)
+      for (index_t d = 0; d < 2; ++d) c.v.at(b, 0, j, d) = vals[j][d];
+    c.dout.at(b, 0, 0, 0) = 1;
+    c.dout.at(b, 0, 0, 1) = -1;
+  }
+  c.forward();
+  INFO(continuum::kernel_name(c.kernel) << " tau=" << tau << " B=" << c.B << " o=(" << c.o.at(0, 0, 0, 0)
+                                        << ", " << c.o.at(0, 0, 0, 1) << ") lse=" << c.lse[0]);
+  const auto p = c.problem<mp>();
+  const auto f = continuum::reference::forward(p);
+  const Error eo = compare(c.o.contiguous(), f.out);
+  CHECK(eo.max_abs <= 1e-13 * eo.ref_scale);
+  for (index_t b = 0; b < c.B; ++b) {
+    CHECK(c.o.at(b, 0, 0, 0) == 1.0);  // v0: the other weights are 0 in double
+    CHECK(c.o.at(b, 0, 0, 1) == 2.0);
+    CHECK(c.lse[static_cast<std::size_t>(b)] == std::numeric_limits<double>::infinity());
+    CHECK(f.lse[static_cast<std::size_t>(b)].toDouble() == std::numeric_limits<double>::infinity());
+  }
+  c.backward();
+  const auto g = continuum::reference::backward(p, c.grad_out_ref<mp>());
+  auto check_grad = [&](const std::vector<double>& op, const std::vector<mp>& ref, double bound, const char* name) {
+    const Error e = compare(op, ref);
+    INFO(name << ": max err " << e.max_abs << ", ref max-abs " << e.ref_scale);
+    CHECK(all_finite(op));
+    CHECK(e.max_abs <= bound);
+  };
+  // dV = P^T dO is exactly dO at key 0; dQ, dK, dτ are ≤ 1e-290 in exact
+  // arithmetic (dS ~ 1/gap² or e^{-gap}).
+  check_grad(c.dv.contiguous(), g.grad_value, 1e-15, "dV");
+  check_grad(c.dq.contiguous(), g.grad_query, 1e-280, "dQ");
+  check_grad(c.dk.contiguous(), g.grad_key, 1e-280, "dK");
+  check_grad(c.dtau, g.grad_temperature, 1e-280, "dtau");
+}
+
+TEST_CASE("W13 double: overflowing products that cancel (inf - inf)", "[bug][W13]") {
+  use_mp_precision();
+  // q = [1e10, 1e10, q2, q3], k_j = [a_j·1e300, -a_j·1e300, x_j, y_j]: the
+  // products ±a_j·1e310 overflow double and cancel exactly, so the scores are
+  // O(1) (q2·x_j + q3·y_j): ordinary attention, checked against the MPFR
+  // reference with the usual tolerances. Unscaled, inf + (-inf) = NaN.
+  const int kern = GENERATE(0, 1, 2);
+  Case<double> c;
+  c.B = GENERATE(1, 2);
+  c.kernel = w13_kernels[kern];
+  if (c.kernel == continuum::Kernel::focal) c.tau = 0.7;
+  c.Hq = 2;
+  c.Lq = 5;
+  c.Lk = 7;
+  c.D = 4;
+  c.Dv = 3;
+  c.want_maps = true;
+  c.alloc();
+  auto rng = rng_for(1301);
+  c.fill_uniform(rng);
+  std::uniform_real_distribution<double> u(0.5, 1.0);
+  for (index_t b = 0; b < c.B; ++b) {
+    for (index_t h = 0; h < c.Hq; ++h)
+      for (index_t i = 0; i < c.Lq; ++i) c.q.at(b, h, i, 0) = c.q.at(b, h, i, 1) = 1e10;
+    for (index_t j = 0; j < c.Lk; ++j) {
+      const double a = u(rng);
+      c.k.at(b, 0, j, 0) = a * 1e300;
+      c.k.at(b, 0, j, 1) = -a * 1e300;
+    }
+  }
+  const auto fr = check_forward<mp>(c, "W13 cancel");
+  CHECK(fr.max_score < 4.0);  // the scores really are O(1)
+  CHECK(no_nan(c.o.contiguous()));
+  // The tiled kernels (float_arithmetic) decline such inputs (their
+  // ‖q‖·‖k‖ bound is not finite) and fall back to the exact ones: same bits.
+  {
+    const std::vector<double> o = c.o.contiguous(), lse = c.lse;
+    auto fa = c.forward_args();
+    fa.float_arithmetic = true;
+    fa.probs = fa.cell_mass = nullptr;
+    continuum::attention_forward(continuum::cpu, fa);
+    CHECK(bitwise_equal(c.o.contiguous(), o));
+    CHECK(bitwise_equal(c.lse, lse));
+  }
+  check_backward<mp>(c, "W13 cancel");
+}
+
+TEST_CASE("W13 double: scores of |q·k| ~ 1e309 with a tiny scale", "[bug][W13]") {
+  use_mp_precision();
+  // scale = 1e-307: even query rows q = 1e10·x (τ = 1) and odd rows
+  // q = 1e-2·x (τ = 1e-12), keys 1e299·y (x, y uniform in [-1, 1]): raw
+  // scores up to 4e309 (even rows, beyond DBL_MAX) and 4e297 (odd rows),
+  // scores s = c·q·k of ±400 in both: a row block mixes scaled and unscaled
+  // rows. Forward and backward against the MPFR reference with the
+  // harness's conditioning tolerances (which grow with max|s|).
+  const int kern = GENERATE(0, 1, 2);
+  Case<double> c;
+  c.B = GENERATE(1, 2);
+  c.kernel = w13_kernels[kern];
+  c.Hq = 2;
+  c.Lq = 6;
+  c.Lk = 9;
+  c.D = 4;
+  c.scale = 1e-307;
+  c.vis.causal = true;
+  c.tshape = TemperatureShape::per_query;
+  c.want_maps = true;  // P and π from the scaled scores too
+  c.alloc();
+  auto rng = rng_for(1302);
+  c.fill_uniform(rng);
+  for (index_t b = 0; b < c.B; ++b)
+    for (index_t h = 0; h < c.Hq; ++h)
+      for (index_t i = 0; i < c.Lq; ++i) {
+        for (index_t d = 0; d < c.D; ++d) c.q.at(b, h, i, d) *= (i % 2 == 0) ? 1e10 : 1e-2;
+        c.taus[static_cast<std::size_t>((b * c.Hq + h) * c.Lq + i)] = (i % 2 == 0) ? 1.0 : 1e-12;
+      }
+  c.k.for_each([](double& x) { x *= 1e299; });
+  const auto fr = check_forward<mp>(c, "W13 tiny scale");
+  INFO("max|s| = " << fr.max_score);
+  CHECK(fr.max_score > 50.0);  // attention is not uniform
+  CHECK(fr.max_score < 1000.0);
+  const auto br = check_backward<mp>(c, "W13 tiny scale");
+  // The harness scales dK's error by c_max·max|q| (c_max from the odd rows'
+  // τ, max|q| from the even rows), ~1e12 × |dK| here: also check dK against
+  // its own max-abs, with the same tolerance.
+  const auto g = continuum::reference::backward(c.problem<mp>(), c.grad_out_ref<mp>());
+  const Error ek = compare(c.dk.contiguous(), g.grad_key);
+  INFO("dK: max err " << ek.max_abs << ", ref max-abs " << ek.ref_scale << ", tol " << br.tol);
+  record("W13 tiny scale dK (own scale)", ek.rel());
+  CHECK(ek.ref_scale > 0.0);
+  CHECK(ek.max_abs <= br.tol * ek.ref_scale);
+}
+
+TEST_CASE("W13 double: KV-cache decode rows equal the full causal forward bit for bit", "[bug][W13]") {
+  // Whether a row's scores are scaled (and by how much) depends only on its
+  // query and visible keys, not on the rows it shares a block with: each
+  // decode step (Lq = 1 over keys [0, t]) must give the full causal
+  // forward's row t exactly. Rows cycle through q ~ 1e-2, 1e10 (|q·k| beyond
+  // DBL_MAX: scaled) and 1e8 (|q·k| ≤ 4e307: unscaled), 20 rows in two query
+  // blocks that mix scaled and unscaled rows.
+  const int kern = GENERATE(0, 1, 2);
+  const index_t L = 20, D = 4;
+  Case<double> full;
+  full.kernel = w13_kernels[kern];
+  full.Lq = full.Lk = L;
+  full.D = D;
+  full.scale = 1e-307;
+  full.vis.causal = true;
+  full.alloc();
+  auto rng = rng_for(1303);
+  full.fill_uniform(rng);
+  for (index_t i = 0; i < L; ++i)
+    for (index_t d = 0; d < D; ++d) full.q.at(0, 0, i, d) *= (i % 3 == 0) ? 1e-2 : (i % 3 == 1) ? 1e10 : 1e8;
+  full.k.for_each([](double& x) { x *= 1e299; });
+  full.forward();
+  CHECK(all_finite(full.o.contiguous()));
+  for (index_t t = 0; t < L; ++t) {
+    std::vector<double> out, lse;
+    continuum::attention_forward(continuum::cpu, decode_step_args(full, t, out, lse));
+    INFO(continuum::kernel_name(full.kernel) << " step " << t);
+    for (index_t d = 0; d < D; ++d) CHECK(out[static_cast<std::size_t>(d)] == full.o.at(0, 0, t, d));
+    CHECK(lse[0] == full.lse[static_cast<std::size_t>(t)]);
+  }
 }

@@ -10,17 +10,6 @@ using namespace harness;
 using continuum::index_t;
 using continuum::TemperatureShape;
 
-namespace {
-
-template <class T>
-void random_temperatures(Case<T>& c, std::mt19937_64& rng, double lo = 0.3, double hi = 2.0) {
-  std::uniform_real_distribution<double> u(lo, hi);
-  c.tau = static_cast<T>(u(rng));
-  for (auto& t : c.taus) t = static_cast<T>(u(rng));
-}
-
-}  // namespace
-
 TEMPLATE_TEST_CASE("backward matches the reference on random O(1) inputs", "[operator][backward]", float,
                    double) {
   use_mp_precision();
@@ -126,16 +115,6 @@ TEMPLATE_TEST_CASE("backward softmax kernel matches the reference softmax", "[op
 
 namespace {
 
-double loss(Case<double>& c) {
-  c.forward();
-  double l = 0;
-  for (index_t b = 0; b < c.B; ++b)
-    for (index_t h = 0; h < c.Hq; ++h)
-      for (index_t i = 0; i < c.Lq; ++i)
-        for (index_t d = 0; d < c.dv_dim(); ++d) l += c.dout.at(b, h, i, d) * c.o.at(b, h, i, d);
-  return l;
-}
-
 /// Max relative error of the analytic gradient against central differences,
 /// over the elements listed (all if `sample` is empty).
 double fd_error(Case<double>& c, Tensor<double>& x, const Tensor<double>& grad, double h) {
@@ -145,14 +124,7 @@ double fd_error(Case<double>& c, Tensor<double>& x, const Tensor<double>& grad, 
     for (index_t hh = 0; hh < x.view.heads; ++hh)
       for (index_t s = 0; s < x.view.seq; ++s)
         for (index_t d = 0; d < x.view.dim; ++d) {
-          double& e = x.at(b, hh, s, d);
-          const double keep = e;
-          e = keep + h;
-          const double lp = loss(c);
-          e = keep - h;
-          const double lm = loss(c);
-          e = keep;
-          const double fd = (lp - lm) / (2 * h);
+          const double fd = central_difference(c, x.at(b, hh, s, d), h);
           worst = std::max(worst, std::fabs(fd - grad.at(b, hh, s, d)) / std::max(scale, 1e-300));
         }
   return worst;
@@ -163,13 +135,7 @@ double fd_error_tau(Case<double>& c, const std::vector<double>& grad, double h) 
   for (double g : grad) scale = std::max(scale, std::fabs(g));
   for (std::size_t t = 0; t < grad.size(); ++t) {
     double& e = c.tshape == TemperatureShape::scalar ? c.tau : c.taus[t];
-    const double keep = e;
-    e = keep + h;
-    const double lp = loss(c);
-    e = keep - h;
-    const double lm = loss(c);
-    e = keep;
-    worst = std::max(worst, std::fabs((lp - lm) / (2 * h) - grad[t]) / std::max(scale, 1e-300));
+    worst = std::max(worst, std::fabs(central_difference(c, e, h) - grad[t]) / std::max(scale, 1e-300));
   }
   return worst;
 }
@@ -231,15 +197,7 @@ TEMPLATE_TEST_CASE("backward across key and query tiles with explicit ranges", "
   c.Dv = 4;
   c.tshape = TemperatureShape::per_query;
   auto rng = rng_for(static_cast<std::uint64_t>(shape.first * 1000 + shape.second * 7 + mode + 50));
-  if (mode != 1) {
-    for (index_t b = 0; b < c.B; ++b)
-      for (index_t i = 0; i < c.Lq; ++i) {
-        const index_t lo = static_cast<index_t>(rng() % static_cast<unsigned>(c.Lk));
-        const index_t hi = lo + static_cast<index_t>(rng() % static_cast<unsigned>(c.Lk - lo + 1));
-        c.range_lo.push_back(lo);
-        c.range_hi.push_back(hi);
-      }
-  }
+  if (mode != 1) random_ranges(c, rng);
   if (mode >= 1) {
     c.vis.causal = true;
     c.vis.window = mode == 1 ? 70 : 0;

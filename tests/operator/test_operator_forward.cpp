@@ -218,15 +218,7 @@ TEMPLATE_TEST_CASE("forward across key and query tiles with explicit ranges", "[
   c.Dv = 4;
   c.tshape = continuum::TemperatureShape::per_query;
   auto rng = rng_for(static_cast<std::uint64_t>(shape.first * 1000 + shape.second * 7 + mode));
-  if (mode != 1) {
-    for (index_t b = 0; b < c.B; ++b)
-      for (index_t i = 0; i < c.Lq; ++i) {
-        const index_t lo = static_cast<index_t>(rng() % static_cast<unsigned>(c.Lk));
-        const index_t hi = lo + static_cast<index_t>(rng() % static_cast<unsigned>(c.Lk - lo + 1));
-        c.range_lo.push_back(lo);
-        c.range_hi.push_back(hi);
-      }
-  }
+  if (mode != 1) random_ranges(c, rng);
   if (mode >= 1) {
     c.vis.causal = true;
     c.vis.window = mode == 1 ? 70 : 0;
@@ -234,8 +226,7 @@ TEMPLATE_TEST_CASE("forward across key and query tiles with explicit ranges", "[
   c.want_maps = true;
   c.alloc();
   c.fill_uniform(rng, -1.5, 1.5);
-  std::uniform_real_distribution<double> ut(0.3, 2.0);
-  for (auto& t : c.taus) t = static_cast<TestType>(ut(rng));
+  random_taus(c, rng, 0.3, 2.0);
   check_forward<long double>(c, "tiles");
 }
 

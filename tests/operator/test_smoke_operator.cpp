@@ -86,6 +86,29 @@ void naive_forward(const Problem& p, std::vector<double>& out, std::vector<doubl
     }
 }
 
+/// dO [B, Hq, Lq, Dv] uniform in [-1, 1) from seed.
+std::vector<double> random_dout(const Problem& p, unsigned seed) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<double> dout(p.B * p.Hq * p.Lq * p.Dv);
+  for (auto& x : dout) x = u(g);
+  return dout;
+}
+
+/// L = Σ dO∘O of the naive forward: the loss of the finite-difference tests.
+double naive_loss(const Problem& p, const std::vector<double>& dout) {
+  std::vector<double> o, l;
+  naive_forward(p, o, l);
+  double s = 0;
+  for (size_t i = 0; i < o.size(); ++i) s += o[i] * dout[i];
+  return s;
+}
+
+/// (L(p + h) − L(p − h)) / (2h) for the perturbations pp, pm of p.
+double naive_difference(const Problem& pp, const Problem& pm, double h, const std::vector<double>& dout) {
+  return (naive_loss(pp, dout) - naive_loss(pm, dout)) / (2 * h);
+}
+
 template <class T>
 struct Run {
   std::vector<T> q, k, v, tau, out, lse, probs, cm, dout, dq, dk, dv, dtau;
@@ -248,27 +271,17 @@ TEST_CASE("backward matches central finite differences (double)", "[operator][sm
       p.kernel = kern ? Kernel::softmax : Kernel::continuum;
       set_vis(p, mode);
       if (mode == 2) p.vis.window = 3;
-      std::mt19937_64 g(7);
-      std::uniform_real_distribution<double> u(-1, 1);
-      std::vector<double> dout(p.B * p.Hq * p.Lq * p.Dv);
-      for (auto& x : dout) x = u(g);
+      const std::vector<double> dout = random_dout(p, 7);
       Run<double> r;
       auto ba = backward_args<double>(p, r, dout);
       attention_backward(cpu, ba);
-      auto loss = [&](const Problem& pp) {
-        std::vector<double> o, l;
-        naive_forward(pp, o, l);
-        double s = 0;
-        for (size_t i = 0; i < o.size(); ++i) s += o[i] * dout[i];
-        return s;
-      };
       const double h = 1e-6;
       double worst = 0;
       auto fd = [&](std::vector<double> Problem::*field, const std::vector<double>& got) {
         for (size_t i = 0; i < (p.*field).size(); ++i) {
           Problem pp = p, pm = p;
           (pp.*field)[i] += h; (pm.*field)[i] -= h;
-          const double num = (loss(pp) - loss(pm)) / (2 * h);
+          const double num = naive_difference(pp, pm, h, dout);
           worst = std::max(worst, std::abs(num - got[i]) / (1 + std::abs(num)));
         }
       };
@@ -314,10 +327,7 @@ TEST_CASE("thread counts 1, 2, 3, 16 are bitwise identical", "[operator][smoke]"
   // tiles own dK/dV); both must give the same bits.
   Problem p = make_problem(2, 3, 3, 257, 257, 16, 16, 21);
   p.vis.causal = true;
-  std::mt19937_64 g(8);
-  std::uniform_real_distribution<double> u(-1, 1);
-  std::vector<double> dout(p.B * p.Hq * p.Lq * p.Dv);
-  for (auto& x : dout) x = u(g);
+  const std::vector<double> dout = random_dout(p, 8);
   std::vector<Run<float>> runs(4);
   const int threads[4] = {1, 2, 3, 16};
   for (int t = 0; t < 4; ++t) {
@@ -480,10 +490,7 @@ TEST_CASE("backward across key tiles and query blocks: sampled finite difference
     for (index_t b = 0; b < p.B; ++b)
       for (index_t h = 0; h < p.Hq; ++h)
         for (index_t i = 0; i < p.Lq; ++i) p.tau[(b * p.Hq + h) * p.Lq + i] = 0.4 + 0.2 * h;
-    std::mt19937_64 g(17 + mode);
-    std::uniform_real_distribution<double> u(-1, 1);
-    std::vector<double> dout(p.B * p.Hq * p.Lq * p.Dv);
-    for (auto& x : dout) x = u(g);
+    const std::vector<double> dout = random_dout(p, static_cast<unsigned>(17 + mode));
     Run<double> r;
     auto ba = backward_args<double>(p, r, dout);
     std::vector<double> head_tau = {0.4, 0.6, 0.8, 1.0};
@@ -492,19 +499,12 @@ TEST_CASE("backward across key tiles and query blocks: sampled finite difference
     std::vector<double> dtau_h(4);
     ba.grad_temperature = dtau_h.data();
     attention_backward(cpu, ba);
-    auto loss = [&](const Problem& pp) {
-      std::vector<double> o, l;
-      naive_forward(pp, o, l);
-      double s = 0;
-      for (size_t i = 0; i < o.size(); ++i) s += o[i] * dout[i];
-      return s;
-    };
     const double h = 1e-6;
     double worst = 0;
     auto check_coord = [&](std::vector<double> Problem::*field, size_t idx, double got) {
       Problem pp = p, pm = p;
       (pp.*field)[idx] += h; (pm.*field)[idx] -= h;
-      const double num = (loss(pp) - loss(pm)) / (2 * h);
+      const double num = naive_difference(pp, pm, h, dout);
       worst = std::max(worst, std::abs(num - got) / (1 + std::abs(num)));
     };
     for (index_t j : {0, 1, 62, 63, 64, 65, 126, 127, 128, 129, 149})
@@ -528,7 +528,7 @@ TEST_CASE("backward across key tiles and query blocks: sampled finite difference
           pp.tau[(b * p.Hq + hq) * p.Lq + i] += h;
           pm.tau[(b * p.Hq + hq) * p.Lq + i] -= h;
         }
-      const double num = (loss(pp) - loss(pm)) / (2 * h);
+      const double num = naive_difference(pp, pm, h, dout);
       worst = std::max(worst, std::abs(num - dtau_h[hq]) / (1 + std::abs(num)));
     }
     INFO("mode " << mode << " worst " << worst);

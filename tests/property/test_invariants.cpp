@@ -4,7 +4,6 @@
 // seeded generators for the tensors.
 #include <catch2/catch.hpp>
 
-#include <cstring>
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
@@ -14,15 +13,6 @@
 using namespace harness;
 using continuum::index_t;
 using continuum::TemperatureShape;
-
-namespace {
-
-template <class T>
-bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
-}  // namespace
 
 // §7.1 -----------------------------------------------------------------------
 TEMPLATE_TEST_CASE("SPEC 7.1 one visible key gives o = v exactly", "[property][7.1]", float, double) {
@@ -126,8 +116,7 @@ TEST_CASE("SPEC 7.3 sum_j dS_ij = 0: reference rows, and the operator's sum_j dK
   c.alloc();
   auto rng = rng_for(static_cast<std::uint64_t>(seed));
   c.fill_uniform(rng, -2, 2);
-  std::uniform_real_distribution<double> ut(0.2, 2);
-  for (auto& t : c.taus) t = ut(rng);
+  random_taus(c, rng, 0.2, 2);
   const auto p = c.problem<mp>();
   const auto g = continuum::reference::backward(p, c.grad_out_ref<mp>());
   for (index_t i = 0; i < c.Lq; ++i) {
@@ -186,7 +175,7 @@ TEMPLATE_TEST_CASE("SPEC 7.4 P and pi are non-negative and rows sum to 1", "[pro
 }
 
 // §7.5 -----------------------------------------------------------------------
-TEMPLATE_TEST_CASE("SPEC 7.5 reversing keys and window reverses P; order matters", "[property][7.5]", float,
+TEMPLATE_TEST_CASE("SPEC 7.5 reversing keys and window reverses P, order matters", "[property][7.5]", float,
                    double) {
   const int seed = GENERATE(take(10, random(0, 1000000)));
   const index_t Lk = 8;
@@ -339,15 +328,8 @@ TEMPLATE_TEST_CASE("SPEC 7.9 KV-cache decode rows equal the full causal forward"
   full.forward();
   const double tol = sizeof(TestType) == 4 ? 1e-6 : 1e-13;
   for (index_t t = 0; t < L; ++t) {
-    continuum::ForwardArgs<TestType> a = full.forward_args();
-    a.query.data = full.q.view.row(0, 0, t);
-    a.query.seq = 1;
-    a.key.seq = t + 1;
-    a.value.seq = t + 1;
-    std::vector<TestType> out(2 * 8), lse(2);
-    a.out = continuum::TensorView<TestType>{out.data(), 1, 2, 1, 8, 16, 8, 8};
-    a.lse = lse.data();
-    continuum::attention_forward(continuum::cpu, a);
+    std::vector<TestType> out, lse;  // [1, 2, 1, 8], [1, 2]
+    continuum::attention_forward(continuum::cpu, decode_step_args(full, t, out, lse));
     for (index_t h = 0; h < 2; ++h) {
       double e = 0, s = 0;
       for (index_t d = 0; d < 8; ++d) {
@@ -477,9 +459,7 @@ TEMPLATE_TEST_CASE("random configurations: forward and backward equal the refere
   c.want_maps = true;
   c.alloc();
   c.fill_uniform(rng, -1.5, 1.5);
-  std::uniform_real_distribution<double> ut(0.2, 2.0);
-  c.tau = static_cast<TestType>(ut(rng));
-  for (auto& t : c.taus) t = static_cast<TestType>(ut(rng));
+  random_temperatures(c, rng, 0.2, 2.0);
   INFO("seed " << seed << " B=" << c.B << " Hq=" << c.Hq << " Hk=" << c.Hk << " Lq=" << c.Lq << " Lk=" << c.Lk
                << " D=" << c.D << " Dv=" << c.Dv << " bshd=" << c.bshd << " pad=" << c.pad << " vis=" << vis
                << " kernel=" << static_cast<int>(c.kernel) << " tshape=" << static_cast<int>(c.tshape)

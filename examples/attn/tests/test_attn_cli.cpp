@@ -22,6 +22,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -550,7 +551,7 @@ TEST_CASE("bad input: one line naming the file, non-zero exit, no output written
   }
 }
 
-TEST_CASE("bad command line: status 2; a device or folder as input, a folder in the way: nothing written", "[cli]") {
+TEST_CASE("bad command line: status 2, a device or folder as input, a folder in the way: nothing written", "[cli]") {
   const fs::path dir = scratch("usage");
   const std::string d = dir.string();
   const Run mk = run_tool(dir, "--make-example " + d + " --example-shape 1 1 3 3 2");
@@ -577,4 +578,52 @@ TEST_CASE("bad command line: status 2; a device or folder as input, a folder in 
   CHECK(r.rc == 1);
   CHECK(r.err.find("dv.npy") != std::string::npos);
   CHECK(std::distance(fs::directory_iterator(dir / "out2"), fs::directory_iterator{}) == 1);
+}
+
+TEST_CASE("outputs: unique temporaries, concurrent runs and leftovers of killed runs do not collide", "[cli]") {
+  const fs::path dir = scratch("concurrent");
+  const std::string d = dir.string();
+  REQUIRE(run_tool(dir, "--make-example " + d + "/in --example-shape 1 2 16 16 8").rc == 0);
+  const std::string inputs = "--q " + d + "/in/q.npy --k " + d + "/in/k.npy --v " + d + "/in/v.npy --do " +
+                             d + "/in/do.npy --kernel continuum --causal";
+  const std::vector<std::string> names{"o.npy", "lse.npy", "dq.npy", "dk.npy", "dv.npy", "dtemp.npy"};
+  // The reference bytes: one run alone.
+  const Run solo = run_tool(dir, inputs + " --out " + d + "/solo");
+  REQUIRE(solo.rc == 0);
+  // A leftover in the way of a fixed temporary name (earlier versions wrote
+  // o.npy.tmp.0~ and failed here), and a file of an earlier run.
+  fs::create_directories(dir / "out/o.npy.tmp.0~");
+  write_file(dir / "out/.o.npy.keep", "leftover");
+  // Concurrent runs into one folder, three rounds.
+  const int n = 4;
+  for (int round = 0; round < 3; ++round) {
+    std::string cmd;
+    for (int i = 0; i < n; ++i)
+      cmd += "( \"" + std::string(CONTINUUM_ATTN_EXE) + "\" " + inputs + " --out " + d + "/out >/dev/null 2>\"" +
+             d + "/err" + std::to_string(i) + ".txt\"; echo $? >\"" + d + "/rc" + std::to_string(i) + ".txt\" ) & ";
+    cmd += "wait";
+    REQUIRE(std::system(cmd.c_str()) == 0);
+    for (int i = 0; i < n; ++i) {
+      INFO("round " << round << " run " << i << " stderr: " << read_file(dir / ("err" + std::to_string(i) + ".txt")));
+      CHECK(std::stoi(read_file(dir / ("rc" + std::to_string(i) + ".txt"))) == 0);
+    }
+    for (const auto& name : names) {
+      INFO(name);
+      CHECK(read_file(dir / "out" / name) == read_file(dir / "solo" / name));
+    }
+    // Nothing else is left behind: the outputs and the two leftovers.
+    std::size_t entries = 0;
+    for (const auto& e : fs::directory_iterator(dir / "out")) {
+      ++entries;
+      const std::string f = e.path().filename().string();
+      INFO("entry " << f);
+      CHECK((std::find(names.begin(), names.end(), f) != names.end() || f == "o.npy.tmp.0~" || f == ".o.npy.keep"));
+    }
+    CHECK(entries == names.size() + 2);
+  }
+  CHECK(read_file(dir / "out/.o.npy.keep") == "leftover");
+  // The outputs get a plain file's permissions (0666 less the umask), not
+  // mkstemp's 0600.
+  write_file(dir / "plain", "x");
+  CHECK(fs::status(dir / "out/o.npy").permissions() == fs::status(dir / "plain").permissions());
 }

@@ -202,7 +202,7 @@ TEST_CASE("smoke preset: validation loss drops below the byte-unigram entropy", 
   CHECK(std::abs(again.nats_per_byte - nll) <= 1e-6 * nll);
 }
 
-TEST_CASE("determinism: same seed, same losses bit for bit; same batches for every kernel",
+TEST_CASE("determinism: same seed, same losses bit for bit, same batches for every kernel",
           "[train]") {
   const std::string path = english_text_path();
   const TextSlice text = load_slice(path + ":0:0.2");
@@ -290,7 +290,7 @@ TEST_CASE("evaluate: non-overlapping windows equal a manual per-window sum", "[e
 
 // ---------------------------------------------------------------------------
 
-TEST_CASE("data: slices are disjoint halves; bad inputs give clear errors", "[data]") {
+TEST_CASE("data: slices are disjoint halves, bad inputs give clear errors", "[data]") {
   const auto dir = temp_dir("data");
   write(dir / "t.txt", "abcdefghij");
   write(dir / "empty.txt", "");
@@ -312,7 +312,7 @@ TEST_CASE("data: slices are disjoint halves; bad inputs give clear errors", "[da
 
 // ---------------------------------------------------------------------------
 
-TEST_CASE("checkpoints: round trip; truncated, malformed, mismatched files are rejected",
+TEST_CASE("checkpoints: round trip, truncated, malformed, mismatched files are rejected",
           "[checkpoint]") {
   const auto dir = temp_dir("ckpt");
   Config c = preset("smoke");

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "../backends/backend.hpp"
-#include "../math/density.hpp"
+#include "../detail/dispatch.hpp"
 #include "params.hpp"
 #include "validate.hpp"
 
@@ -44,14 +44,15 @@ namespace continuum {
 ///       underflow and that row's dQ, dK, dτ flush to 0; beyond ~1e300 every
 ///       weight underflows (forward: mean value of the maximal keys; backward:
 ///       dV only). Float storage never reaches these (computed in double).
+///       Raw scores q·k beyond DBL_MAX (double storage) are handled as in
+///       attention_forward (W13): finite gradients, no NaN.
 template <class Backend, class T>
 void attention_backward(Backend, const BackwardArgs<T>& args) {
   double scale = 1.0;
   const AttentionShape shape = validate_backward(args, &scale);
-  if (args.kernel == Kernel::continuum)
-    attention_impl<Backend>::template backward<T, ContinuumStencil>(args, shape, scale);
-  else
-    attention_impl<Backend>::template backward<T, SoftmaxStencil>(args, shape, scale);
+  detail::with_stencil(args.kernel, [&](auto stencil) {
+    attention_impl<Backend>::template backward<T, decltype(stencil)>(args, shape, scale);
+  });
 }
 
 /// attention_backward on the CPU backend (include <continuum/continuum.hpp>).

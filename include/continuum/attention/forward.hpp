@@ -4,7 +4,7 @@
 #pragma once
 
 #include "../backends/backend.hpp"
-#include "../math/density.hpp"
+#include "../detail/dispatch.hpp"
 #include "params.hpp"
 #include "validate.hpp"
 
@@ -46,17 +46,20 @@ namespace continuum {
 ///         with the default scale 1/sqrt(D).
 /// \note Rows with no visible key give out = 0 and lse = -inf, never NaN.
 ///       Non-finite values in Q/K/V reach only the rows that see them (a key
-///       whose weight underflows to exactly 0 contributes nothing). Memory
+///       whose weight underflows to exactly 0 contributes nothing). Double
+///       storage, CPU: raw scores q·k beyond DBL_MAX from finite q, k (CASES.md
+///       W13, e.g. q = 1e10, k = 1e300) are formed per row in units of 2^E
+///       (backends/cpu/tile.hpp) and give the right limit (≈ the arg-max
+///       key's value, lse = +inf when log Z_i > DBL_MAX), never NaN. Memory
 ///       O(B·Hq·Lq + tiles); time O(B·Hq·Lq·Lk·(D + Dv)). A KV-cache decode step
 ///       (Lq = 1, causal) gives the full causal forward's row bit for bit.
 template <class Backend, class T>
 void attention_forward(Backend, const ForwardArgs<T>& args) {
   double scale = 1.0;
   const AttentionShape shape = validate_forward(args, &scale);
-  if (args.kernel == Kernel::continuum)
-    attention_impl<Backend>::template forward<T, ContinuumStencil>(args, shape, scale);
-  else
-    attention_impl<Backend>::template forward<T, SoftmaxStencil>(args, shape, scale);
+  detail::with_stencil(args.kernel, [&](auto stencil) {
+    attention_impl<Backend>::template forward<T, decltype(stencil)>(args, shape, scale);
+  });
 }
 
 /// attention_forward on the CPU backend (include <continuum/continuum.hpp>).

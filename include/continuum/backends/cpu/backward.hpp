@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "../backend.hpp"
@@ -33,6 +34,8 @@ struct RowStats {
   /// reference key ref (first key at the maximum, −1 if none); dsref: Z̃·dS there.
   std::vector<double> m, sum, dl, dpref, dsref, dtau;
   std::vector<index_t> ref;
+  /// Score exponent E_i of each row (tile.hpp, W13): m is in units of 2^E_i.
+  std::vector<int> ex;
   /// Rows whose every weight underflowed (sum == 0 although keys are visible;
   /// double storage with score gaps c·Δr beyond ~1e300 only): the number of
   /// keys at the raw maximum. The forward returns their mean value (the
@@ -46,12 +49,14 @@ struct RowStats {
 ///   Z̃·dS_ref = −P_ref·E_far − Σ_{k=ref±1} h_k (α̃_k − ∂α̃_k/∂s_ref)
 ///              + (1 − P_ref)·Σ_{k=ref±1} h_k α̃_k,
 /// with h_k = dP_k − dP_ref, E_far = Σ_{|k−ref|>1} h_k α̃_k, P_ref = α̃_ref/Z̃,
-/// 1 − P_ref = Σ_{k≠ref} α̃_k / Z̃. The near terms are evaluated here from the
+/// 1 − P_ref = Σ_{k≠ref} α̃_k / Z̃. qs is the row's loaded query scaled by
+/// 2^{−ex} (raw scores and m in units of 2^ex). The near terms are evaluated here from the
 /// scores of keys ref−2 … ref+2: α̃_k − ∂α̃_k/∂s_ref is the weight of k's other
 /// side plus ∂w(s_k, s_ref)/∂s_k, a sum of positive terms.
 template <class T, class Stencil>
 double reference_grad_score(const BackwardArgs<T>& a, const AttentionShape& sh, index_t b, index_t hq,
-                            index_t i, KeyRange rg, index_t ref, double c, double m, double dpref,
+                            index_t i, KeyRange rg, index_t ref, double c, const double* qs, int ex,
+                            double m, double dpref,
                             double alpha_ref, double alpha_other, double sum, double e_far,
                             double e_near) {
   using S = detail::SegmentStencil<Stencil>;
@@ -59,10 +64,9 @@ double reference_grad_score(const BackwardArgs<T>& a, const AttentionShape& sh, 
   double d = -p_ref * e_far;
   if constexpr (S::has_halo) {
     const index_t hk = hq / sh.group(), D = sh.dim, Dv = sh.dim_v;
-    const T* qi = a.query.row(b, hq, i);
     const T* go = a.grad_out.row(b, hq, i);
     auto score = [&](index_t j) {
-      return detail::shifted_score(c, raw_dot(qi, a.key.row(b, hk, j), D), m);
+      return shifted_score_scaled(c, raw_dot(qs, a.key.row(b, hk, j), D), m, ex);
     };
     auto dp = [&](index_t j) { return raw_dot(go, a.value.row(b, hk, j), Dv); };
     const double s_ref = score(ref);
@@ -112,6 +116,7 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
 
   KeyRange rg[block_q];
   index_t ref[block_q];
+  int ex[block_q] = {};
   double c[block_q], m[block_q], sum[block_q], dl[block_q], dtau[block_q], dpref[block_q];
   double a_ref[block_q], a_other[block_q], e_far[block_q], e_near[block_q], dsref[block_q];
   index_t klo = Lk, khi = 0;
@@ -149,21 +154,36 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
       c1 = (k1 + 1) < khi ? (k1 + 1) : khi;
     };
     // Sweep 0: each row's raw maximum m_i and reference key ref_i (its first
-    // visible key at the maximum).
-    for (index_t k0 = kfirst; k0 < khi; k0 += block_k) {
-      index_t k1, c0, c1;
-      tile_cols(k0, k1, c0, c1);
-      const index_t nc = c1 - c0;
-      load_rows_transposed(a.key, b, hk, c0, nc, ws.kt.data());
-      tile_product(ws.qd.data(), nq, D, ws.kt.data(), nc, ws.s.data());
+    // visible key at the maximum). Double storage: rows with a non-finite raw
+    // score get scaled scores and sweep 0 is redone (tile.hpp, W13; the
+    // forward decides the same way, so both use the same E_i).
+    bool bad[block_q] = {};
+    for (bool scaled = false;; scaled = true) {
+      bool redo = false;
+      for (index_t k0 = kfirst; k0 < khi; k0 += block_k) {
+        index_t k1, c0, c1;
+        tile_cols(k0, k1, c0, c1);
+        const index_t nc = c1 - c0;
+        load_rows_transposed(a.key, b, hk, c0, nc, ws.kt.data());
+        tile_product(ws.qd.data(), nq, D, ws.kt.data(), nc, ws.s.data());
+        for (index_t r = 0; r < nq; ++r) {
+          const index_t ja = k0 > rg[r].lo ? k0 : rg[r].lo, jb = k1 < rg[r].hi ? k1 : rg[r].hi;
+          const double* sr = ws.s.data() + r * nc;
+          if constexpr (std::is_same<T, double>::value)
+            if (!scaled && ja < jb && has_nonfinite(sr + (ja - c0), jb - ja)) redo = bad[r] = true;
+          for (index_t j = ja; j < jb; ++j)
+            if (sr[j - c0] > m[r]) {
+              m[r] = sr[j - c0];
+              ref[r] = j;
+            }
+        }
+      }
+      if (!redo) break;
       for (index_t r = 0; r < nq; ++r) {
-        const index_t ja = k0 > rg[r].lo ? k0 : rg[r].lo, jb = k1 < rg[r].hi ? k1 : rg[r].hi;
-        const double* sr = ws.s.data() + r * nc;
-        for (index_t j = ja; j < jb; ++j)
-          if (sr[j - c0] > m[r]) {
-            m[r] = sr[j - c0];
-            ref[r] = j;
-          }
+        m[r] = -__builtin_huge_val();
+        ref[r] = -1;
+        if (bad[r])
+          ex[r] = scale_query_row(ws.qd.data() + r * D, D, max_abs_finite(a.key, b, hk, rg[r].lo, rg[r].hi));
       }
     }
     for (index_t r = 0; r < nq; ++r)
@@ -189,9 +209,10 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
         const double* sr = ws.s.data() + r * nc;
         const double* pr = ws.dp.data() + r * nc;
         const double mr = m[r], cr = c[r], dpr = dpref[r];
+        const int er = ex[r];
         double* w = ws.w.data();
         detail::row_stencil<Stencil>(
-            lo, hi, ja, jb, [&](index_t j) { return detail::shifted_score(cr, sr[j - c0], mr); }, w,
+            lo, hi, ja, jb, [&](index_t j) { return shifted_score_scaled(cr, sr[j - c0], mr, er); }, w,
             [](index_t) { return 0.0; }, nullptr);
         for (index_t j = ja; j < jb; ++j) {
           const double al = w[j - ja];
@@ -212,7 +233,8 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
     for (index_t r = 0; r < nq; ++r) {
       if (rg[r].empty() || sum[r] == 0.0 || ref[r] < 0) continue;
       dl[r] = (e_far[r] + e_near[r]) / sum[r];
-      dsref[r] = reference_grad_score<T, Stencil>(a, sh, b, hq, i0 + r, rg[r], ref[r], c[r], m[r],
+      dsref[r] = reference_grad_score<T, Stencil>(a, sh, b, hq, i0 + r, rg[r], ref[r], c[r],
+                                                  ws.qd.data() + r * D, ex[r], m[r],
                                                   dpref[r], a_ref[r], a_other[r], sum[r], e_far[r],
                                                   e_near[r]);
     }
@@ -236,17 +258,18 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
           const double* sr = ws.s.data() + r * nc;
           const double* pr = ws.dp.data() + r * nc;
           const double mr = m[r], cr = c[r], inv = 1.0 / sum[r], dlr = dl[r], dpr = dpref[r];
+          const int er = ex[r];
           double* dqr = dq + r * D;
           double* dsr = ws.ds.data();
           detail::row_stencil<Stencil>(
-              lo, hi, ja, jb, [&](index_t j) { return detail::shifted_score(cr, sr[j - c0], mr); },
+              lo, hi, ja, jb, [&](index_t j) { return shifted_score_scaled(cr, sr[j - c0], mr, er); },
               nullptr, [&](index_t j) { return (pr[j - c0] - dpr) - dlr; }, dsr);
           if (ref[r] >= ja && ref[r] < jb) dsr[ref[r] - ja] = dsref[r];
           for (index_t j = ja; j < jb; ++j) {
             const double ds = dsr[j - ja] * inv;
             if (ds == 0.0) continue;
             axpy(dqr, ds, ws.kd.data() + (j - c0) * D, D);
-            const double s = detail::shifted_score(cr, sr[j - c0], mr);
+            const double s = shifted_score_scaled(cr, sr[j - c0], mr, er);
             if (s > -__builtin_huge_val()) dtau[r] += ds * s;
           }
         }
@@ -264,11 +287,12 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
     rs.dpref[row_id] = dpref[r];
     rs.ref[row_id] = ref[r];
     rs.dsref[row_id] = dsref[r];
+    rs.ex[row_id] = ex[r];
     rs.dtau[row_id] = -dtau[r] / tau;
     if (!rg[r].empty() && sum[r] == 0.0) {
       double n = 0.0;
       for (index_t j = rg[r].lo; j < rg[r].hi; ++j)
-        if (raw_dot(a.query.row(b, hq, i), a.key.row(b, hk, j), D) == m[r]) n += 1.0;
+        if (raw_dot(ws.qd.data() + r * D, a.key.row(b, hk, j), D) == m[r]) n += 1.0;
       rs.ties[row_id] = n;
     }
     if (a.grad_query.data && want_dq) {
@@ -336,7 +360,19 @@ void backward_key_block(const BackwardArgs<T>& a, const AttentionShape& sh, doub
       if (!any) continue;
       load_rows(a.query, b, hq, i0, nq, ws.qd.data());
       load_rows(a.grad_out, b, hq, i0, nq, ws.dod.data());
-      tile_product(ws.qd.data(), nq, D, ws.kt.data(), nc, ws.s.data());
+      // Scores from q scaled by 2^{−E_i} (rows with E_i ≠ 0, W13); dK from q.
+      const double* qscore = ws.qd.data();
+      for (index_t r = 0; r < nq; ++r) {
+        const int er = rs.ex[static_cast<std::size_t>((b * sh.heads_q + hq) * Lq + i0 + r)];
+        if (er == 0 || rg[r].empty()) continue;
+        if (qscore == ws.qd.data()) {
+          Workspace::fit(ws.qs, nq * D);
+          for (index_t e = 0; e < nq * D; ++e) ws.qs[static_cast<std::size_t>(e)] = ws.qd[static_cast<std::size_t>(e)];
+          qscore = ws.qs.data();
+        }
+        for (index_t e = 0; e < D; ++e) ws.qs[static_cast<std::size_t>(r * D + e)] = std::ldexp(ws.qd[static_cast<std::size_t>(r * D + e)], -er);
+      }
+      tile_product(qscore, nq, D, ws.kt.data(), nc, ws.s.data());
       tile_product(ws.dod.data(), nq, Dv, ws.vt.data(), nc, ws.dp.data());
       for (index_t r = 0; r < nq; ++r) {
         if (rg[r].empty()) continue;
@@ -355,12 +391,13 @@ void backward_key_block(const BackwardArgs<T>& a, const AttentionShape& sh, doub
         }
         const double m = rs.m[row_id], dlr = rs.dl[row_id], dpr = rs.dpref[row_id], inv = 1.0 / sum;
         const double cr = scale / temperature_of(a.temperature, b, hq, i, sh.heads_q, Lq);
+        const int er = rs.ex[row_id];
         const double* pr = ws.dp.data() + r * nc;
         const double* qr = ws.qd.data() + r * D;
         double* wr = ws.w.data();
         double* dsr = ws.ds.data();
         detail::row_stencil<Stencil>(
-            lo, hi, ja, jb, [&](index_t j) { return detail::shifted_score(cr, sr[j - c0], m); }, wr,
+            lo, hi, ja, jb, [&](index_t j) { return shifted_score_scaled(cr, sr[j - c0], m, er); }, wr,
             [&](index_t j) { return (pr[j - c0] - dpr) - dlr; }, dsr);
         const index_t rf = rs.ref[row_id];
         if (rf >= ja && rf < jb) dsr[rf - ja] = rs.dsref[row_id];
@@ -373,7 +410,7 @@ void backward_key_block(const BackwardArgs<T>& a, const AttentionShape& sh, doub
           axpy(dk + (j - k0) * D, cr * ds, qr, D);
           if (dqr) {
             axpy(dqr, ds, ws.kd.data() + (j - c0) * D, D);
-            const double s = detail::shifted_score(cr, sr[j - c0], m);
+            const double s = shifted_score_scaled(cr, sr[j - c0], m, er);
             if (s > -__builtin_huge_val()) dtau_acc[g * Lq + i] += ds * s;
           }
         }
@@ -404,6 +441,7 @@ void backward(const BackwardArgs<T>& a, const AttentionShape& sh, double scale) 
   rs.ref.assign(static_cast<std::size_t>(rows), -1);
   rs.dtau.assign(static_cast<std::size_t>(rows), 0.0);
   rs.ties.assign(static_cast<std::size_t>(rows), 0.0);
+  rs.ex.assign(static_cast<std::size_t>(rows), 0);
   const double work = static_cast<double>(rows) * static_cast<double>(sh.len_k);
   const bool want_dq = a.grad_query.data != nullptr || a.grad_temperature != nullptr;
 

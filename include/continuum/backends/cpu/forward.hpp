@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "../backend.hpp"
 #include "parallel.hpp"
@@ -14,10 +15,13 @@
 namespace continuum {
 namespace cpu_detail {
 
-/// Forward for query rows [i0, i0 + nq) of (b, hq).
+/// Forward for query rows [i0, i0 + nq) of (b, hq). Unscaled (scaled =
+/// false) it returns false, writing nothing, when double storage meets a
+/// non-finite raw score: the caller reruns it with scaled scores (tile.hpp,
+/// W13). Returns true when the outputs are written.
 template <class T, class Stencil>
-void forward_block(const ForwardArgs<T>& a, const AttentionShape& sh, double scale, index_t b,
-                   index_t hq, index_t qb, Workspace& ws) {
+bool forward_block(const ForwardArgs<T>& a, const AttentionShape& sh, double scale, index_t b,
+                   index_t hq, index_t qb, bool scaled, Workspace& ws) {
   using F = detail::FlushedStencil<Stencil, double>;
   const index_t Lq = sh.len_q, Lk = sh.len_k, D = sh.dim, Dv = sh.dim_v;
   const index_t hk = hq / sh.group();
@@ -26,6 +30,7 @@ void forward_block(const ForwardArgs<T>& a, const AttentionShape& sh, double sca
 
   KeyRange rg[block_q];
   double c[block_q];
+  int ex[block_q] = {};  // score exponents (W13; 0 unless q·k exceeds the double range)
   detail::OnlineRow<double> st[block_q];
   index_t klo = Lk, khi = 0;
   for (index_t r = 0; r < nq; ++r) {
@@ -44,6 +49,13 @@ void forward_block(const ForwardArgs<T>& a, const AttentionShape& sh, double sca
   if (klo < khi) {
     Workspace::fit(ws.qd, nq * D);
     load_rows(a.query, b, hq, i0, nq, ws.qd.data());
+    if (scaled) {  // the rows with a non-finite raw score get scaled scores (W13)
+      bool bad[block_q];
+      nonfinite_score_rows(a.key, b, hk, ws.qd.data(), nq, D, rg, klo, khi, ws, bad);
+      for (index_t r = 0; r < nq; ++r)
+        if (bad[r])
+          ex[r] = scale_query_row(ws.qd.data() + r * D, D, max_abs_finite(a.key, b, hk, rg[r].lo, rg[r].hi));
+    }
     const index_t maxc = block_k + 2;
     Workspace::fit(ws.kt, maxc * D);
     Workspace::fit(ws.vd, block_k * Dv);
@@ -63,9 +75,11 @@ void forward_block(const ForwardArgs<T>& a, const AttentionShape& sh, double sca
         const index_t ja = k0 > lo ? k0 : lo, jb = k1 < hi ? k1 : hi;
         if (ja >= jb) continue;
         const index_t ca = c0 > lo ? c0 : lo, cb = c1 < hi ? c1 : hi;
+        if constexpr (std::is_same<T, double>::value)
+          if (!scaled && has_nonfinite(ws.s.data() + r * nc + (ca - c0), cb - ca)) return false;
         double* w = ws.w.data();
         const double f = row_tile_update<Stencil>(ws.s.data() + r * nc, c0, lo, hi, ja, jb, ca, cb,
-                                                  c[r], st[r], w);
+                                                  c[r], ex[r], st[r], w);
         double* ar = acc + r * Dv;
         if (f != 1.0)
           for (index_t e = 0; e < Dv; ++e) ar[e] *= f;
@@ -92,16 +106,16 @@ void forward_block(const ForwardArgs<T>& a, const AttentionShape& sh, double sca
         double cnt = 0.0;
         for (index_t e = 0; e < Dv; ++e) ar[e] = 0.0;
         for (index_t j = rg[r].lo; j < rg[r].hi; ++j) {
-          if (raw_dot(a.query.row(b, hq, i), a.key.row(b, hk, j), D) != st[r].m) continue;
+          if (raw_dot(ws.qd.data() + r * D, a.key.row(b, hk, j), D) != st[r].m) continue;
           const T* vj = a.value.row(b, hk, j);
           for (index_t e = 0; e < Dv; ++e) ar[e] += static_cast<double>(vj[e]);
           cnt += 1.0;
         }
         for (index_t e = 0; e < Dv; ++e) ar[e] /= cnt;
-        lse = c[r] * st[r].m;
+        lse = scaled_max(c[r], st[r].m, ex[r]);
       } else {
         for (index_t e = 0; e < Dv; ++e) ar[e] /= sum;
-        lse = c[r] * st[r].m + std::log(sum);
+        lse = scaled_max(c[r], st[r].m, ex[r]) + std::log(sum);
       }
     }
     for (index_t e = 0; e < Dv; ++e) o[e] = static_cast<T>(ar[e]);
@@ -114,14 +128,18 @@ void forward_block(const ForwardArgs<T>& a, const AttentionShape& sh, double sca
       T* mrow = a.cell_mass ? a.cell_mass + row_id * Lk : nullptr;
       const index_t lo = rg[r].lo, hi = rg[r].hi;
       const double sum = st[r].sum, m = st[r].m, cr = c[r];
-      const T* qi = a.query.row(b, hq, i);
+      const int er = ex[r];
+      const double* qi = rg[r].empty() ? nullptr : ws.qd.data() + r * D;  // loaded, scaled row
+      auto sc = [&](index_t j) {
+        return shifted_score_scaled(cr, raw_dot(qi, a.key.row(b, hk, j), D), m, er);
+      };
       for (index_t j = 0; j < Lk; ++j) {
         double p = 0.0, pi = 0.0;
         if (j >= lo && j < hi && sum > 0.0) {
           const bool hl = j - 1 >= lo, hr = j + 1 < hi;
-          const double s = detail::shifted_score(cr, raw_dot(qi, a.key.row(b, hk, j), D), m);
-          const double l = hl ? detail::shifted_score(cr, raw_dot(qi, a.key.row(b, hk, j - 1), D), m) : 0.0;
-          const double rr = hr ? detail::shifted_score(cr, raw_dot(qi, a.key.row(b, hk, j + 1), D), m) : 0.0;
+          const double s = sc(j);
+          const double l = hl ? sc(j - 1) : 0.0;
+          const double rr = hr ? sc(j + 1) : 0.0;
           p = F::weight(l, s, rr, hl, hr) / sum;
           pi = F::cell_mass(l, s, rr, hl, hr) / sum;
         }
@@ -130,6 +148,7 @@ void forward_block(const ForwardArgs<T>& a, const AttentionShape& sh, double sca
       }
     }
   }
+  return true;
 }
 
 template <class T, class Stencil>
@@ -141,7 +160,9 @@ void forward(const ForwardArgs<T>& a, const AttentionShape& sh, double scale) {
   parallel_for<Workspace>(items, a.num_threads, work, [&](index_t item, Workspace& ws) {
     const index_t qb = item % nqb;
     const index_t bh = item / nqb;
-    forward_block<T, Stencil>(a, sh, scale, bh / sh.heads_q, bh % sh.heads_q, qb, ws);
+    const index_t b = bh / sh.heads_q, hq = bh % sh.heads_q;
+    if (!forward_block<T, Stencil>(a, sh, scale, b, hq, qb, false, ws))
+      forward_block<T, Stencil>(a, sh, scale, b, hq, qb, true, ws);
   });
 }
 
