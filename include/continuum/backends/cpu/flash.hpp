@@ -262,6 +262,70 @@ inline bool magnitudes_suit_flash(double scale, double tau_min, index_t D, index
 // what the tail lanes wrote where it matters (see each caller).
 // ---------------------------------------------------------------------------
 
+/// Largest s[c] over c in [c0, c1); -inf when the range is empty.
+template <class T>
+inline T row_max(const T* s, index_t c0, index_t c1) {
+  T m = -std::numeric_limits<T>::infinity();
+  index_t c = c0;
+#if defined(CONTINUUM_CPU_SIMD)
+  using S = Simd<T>;
+  using V = typename S::v;
+  if (c1 - c0 >= S::W) {
+    V m0 = V{} + m, m1 = m0;  // two chains: the max latency is hidden
+    for (; c + 2 * S::W <= c1; c += 2 * S::W) {
+      const V x0 = S::load(s + c), x1 = S::load(s + c + S::W);
+      m0 = x0 > m0 ? x0 : m0;
+      m1 = x1 > m1 ? x1 : m1;
+    }
+    if (c + S::W <= c1) {
+      const V x0 = S::load(s + c);
+      m0 = x0 > m0 ? x0 : m0;
+      c += S::W;
+    }
+    m0 = m1 > m0 ? m1 : m0;
+    for (int k = 0; k < S::W; ++k) m = m0[k] > m ? m0[k] : m;
+  }
+#endif
+  for (; c < c1; ++c) m = s[c] > m ? s[c] : m;
+  return m;
+}
+
+/// w[c] = L[c] + R[c] (Add) or L[c] (!Add) for c in [c0, c1); returns the sum
+/// of those w[c], lanes summed in a fixed order (independent of the threads).
+template <class T, bool Add>
+inline T row_add_sum(const T* L, const T* R, T* w, index_t c0, index_t c1) {
+  T sum = T(0);
+  index_t c = c0;
+#if defined(CONTINUUM_CPU_SIMD)
+  using S = Simd<T>;
+  using V = typename S::v;
+  const auto at = [&](index_t k) { return Add ? S::load(L + k) + S::load(R + k) : S::load(L + k); };
+  if (c1 - c0 >= S::W) {
+    V a0 = V{}, a1 = V{};
+    for (; c + 2 * S::W <= c1; c += 2 * S::W) {
+      const V x0 = at(c), x1 = at(c + S::W);
+      S::store(w + c, x0);
+      S::store(w + c + S::W, x1);
+      a0 += x0;
+      a1 += x1;
+    }
+    if (c + S::W <= c1) {
+      const V x0 = at(c);
+      S::store(w + c, x0);
+      a0 += x0;
+      c += S::W;
+    }
+    a0 += a1;
+    for (int k = 0; k < S::W; ++k) sum += a0[k];
+  }
+#endif
+  for (; c < c1; ++c) {
+    w[c] = Add ? L[c] + R[c] : L[c];
+    sum += w[c];
+  }
+  return sum;
+}
+
 /// e[c] = e^{s[c] - m} for c in [c0, c1).
 template <class T>
 inline void row_exp(const T* s, T* e, T m, index_t c0, index_t c1) {
@@ -437,9 +501,7 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, in
         const T* sr = ws.s.row(r).data();
         // Tile columns of the visible keys: [cv0, cv1).
         const index_t cv0 = vlo - key0, cv1 = vhi - key0;
-        T mt = kNegInf;
-#pragma omp simd reduction(max : mt)
-        for (index_t c = cv0; c < cv1; ++c) mt = sr[c] > mt ? sr[c] : mt;
+        const T mt = row_max(sr, cv0, cv1);
         if (mt > ws.m[r]) {
           const T alpha = ws.m[r] == kNegInf ? T(0) : exp_clamped(ws.m[r] - mt);
           ws.l[r] *= alpha;
@@ -466,17 +528,9 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, in
           // Flat half-token cells at the ends of the visible range.
           if (lo >= k0) L[lo - key0] += T(0.5) * e[lo - key0];
           if (hi <= k1) R[hi - 1 - key0] += T(0.5) * e[hi - 1 - key0];
-#pragma omp simd reduction(+ : lsum)
-          for (index_t c = ce0; c < cv1; ++c) {
-            wr[c] = L[c] + R[c];
-            lsum += wr[c];
-          }
+          lsum = row_add_sum<T, true>(L, R, wr, ce0, cv1);
         } else {
-#pragma omp simd reduction(+ : lsum)
-          for (index_t c = cv0; c < cv1; ++c) {
-            wr[c] = e[c];
-            lsum += e[c];
-          }
+          lsum = row_add_sum<T, false>(e, e, wr, cv0, cv1);
         }
         ws.l[r] += lsum;
       }
