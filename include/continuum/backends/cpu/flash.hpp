@@ -33,6 +33,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -290,40 +291,105 @@ inline T row_max(const T* s, index_t c0, index_t c1) {
   return m;
 }
 
-/// w[c] = L[c] + R[c] (Add) or L[c] (!Add) for c in [c0, c1); returns the sum
-/// of those w[c], lanes summed in a fixed order (independent of the threads).
-template <class T, bool Add>
-inline T row_add_sum(const T* L, const T* R, T* w, index_t c0, index_t c1) {
-  T sum = T(0);
-  index_t c = c0;
+#if defined(CONTINUUM_CPU_SIMD)
+/// {prev[W-1], cur[0], …, cur[W-2]}: the vector one position to the left.
+template <class V, int W, int... I>
+inline V shift_in_impl(V prev, V cur, std::integer_sequence<int, I...>) {
+  return __builtin_shufflevector(prev, cur, (W - 1 + I)...);
+}
+template <class T>
+inline typename Simd<T>::v shift_in(typename Simd<T>::v prev, typename Simd<T>::v cur) {
+  return shift_in_impl<typename Simd<T>::v, Simd<T>::W>(prev, cur, std::make_integer_sequence<int, Simd<T>::W>{});
+}
+#endif
+
+/// Continuum stencil weights of one row, fused (SPEC §4–§5): the knots
+/// c0 … c1-1 of the row buffer s are visible (c1 > c0), consecutive knots form
+/// a segment, and w[c] = α_c e^{-m} = (weight from the left segment + weight
+/// from the right segment) · e^{-m}, with the flat half-token cell e^{s-m}/2 at
+/// the first knot when `half_lo` and at the last when `half_hi`. Returns
+/// Σ_c w[c]. One pass: e^{s-m}, the segment weights and the sum per vector;
+/// w is written on [c0, c1 + W - 1) (zeros from c1 on), s is read on
+/// [c0, c1 + W): both buffers carry W spare elements.
+template <class T>
+inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bool half_lo, bool half_hi) {
+  const T e0 = exp_clamped(s[c0] - m);
 #if defined(CONTINUUM_CPU_SIMD)
   using S = Simd<T>;
   using V = typename S::v;
-  const auto at = [&](index_t k) { return Add ? S::load(L + k) + S::load(R + k) : S::load(L + k); };
-  if (c1 - c0 >= S::W) {
-    V a0 = V{}, a1 = V{};
-    for (; c + 2 * S::W <= c1; c += 2 * S::W) {
-      const V x0 = at(c), x1 = at(c + S::W);
-      S::store(w + c, x0);
-      S::store(w + c + S::W, x1);
-      a0 += x0;
-      a1 += x1;
-    }
-    if (c + S::W <= c1) {
-      const V x0 = at(c);
-      S::store(w + c, x0);
-      a0 += x0;
-      c += S::W;
-    }
-    a0 += a1;
-    for (int k = 0; k < S::W; ++k) sum += a0[k];
+  using VI = typename S::vi;
+  using O = VectorOps<T>;
+  VI lane{};
+  for (int k = 0; k < S::W; ++k) lane[k] = k;
+  const T half = half_hi ? T(0.5) : T(0);
+  V e_prev = O::splat(e0);                           // lane W-1: e at knot c - 1
+  V left_prev = O::splat(half_lo ? T(0.5) * e0 : T(0));  // lane W-1: left weight of knot c - 1
+  V acc{};
+  // Lane k handles the segment (j - 1, j), j = c + k, and writes w[j - 1].
+  for (index_t c = c0 + 1; c <= c1; c += S::W) {
+    const V x = S::load(s + c - 1), y = S::load(s + c);
+    const V ey = O::exp_clamped(y - m);
+    const V ex = shift_in<T>(e_prev, ey);
+    const V b = x > y ? x - y : y - x;
+    V near, far;
+    O::segment_weights(b, ex, ey, near, far);
+    const V left = y >= x ? near : far;   // weight of knot j from this segment
+    V right = x >= y ? near : far;        // weight of knot j - 1 from this segment
+    const VI j = lane + VI{} + typename SimdInt<T>::type(c);
+    right = j < typename SimdInt<T>::type(c1) ? right : (j == typename SimdInt<T>::type(c1) ? half * ex : V{});
+    V wv = shift_in<T>(left_prev, left) + right;
+    wv = j <= typename SimdInt<T>::type(c1) ? wv : V{};
+    S::store(w + c - 1, wv);
+    acc += wv;
+    e_prev = ey;
+    left_prev = left;
   }
-#endif
-  for (; c < c1; ++c) {
-    w[c] = Add ? L[c] + R[c] : L[c];
-    sum += w[c];
-  }
+  T sum = T(0);
+  for (int k = 0; k < S::W; ++k) sum += acc[k];
   return sum;
+#else
+  T e_prev = e0, left_prev = half_lo ? T(0.5) * e0 : T(0), sum = T(0);
+  for (index_t j = c0 + 1; j < c1; ++j) {
+    const T x = s[j - 1], y = s[j];
+    const T ey = exp_clamped(y - m);
+    const T b = x > y ? x - y : y - x;
+    T near, far;
+    segment_weights(b, e_prev, ey, near, far);
+    w[j - 1] = left_prev + (x >= y ? near : far);
+    sum += w[j - 1];
+    left_prev = y >= x ? near : far;
+    e_prev = ey;
+  }
+  w[c1 - 1] = left_prev + (half_hi ? T(0.5) * e_prev : T(0));
+  return sum + w[c1 - 1];
+#endif
+}
+
+/// w[c] = e^{s[c] - m} for c in [c0, c1); returns Σ w[c] (softmax weights).
+/// Vector lanes may write w up to c1 + W - 2 (zeros from c1 on).
+template <class T>
+inline T row_exp_sum(const T* s, T m, T* w, index_t c0, index_t c1) {
+#if defined(CONTINUUM_CPU_SIMD)
+  using S = Simd<T>;
+  using V = typename S::v;
+  using VI = typename S::vi;
+  VI lane{};
+  for (int k = 0; k < S::W; ++k) lane[k] = k;
+  V acc{};
+  for (index_t c = c0; c < c1; c += S::W) {
+    V e = VectorOps<T>::exp_clamped(S::load(s + c) - m);
+    e = lane + VI{} + typename SimdInt<T>::type(c) < typename SimdInt<T>::type(c1) ? e : V{};
+    S::store(w + c, e);
+    acc += e;
+  }
+  T sum = T(0);
+  for (int k = 0; k < S::W; ++k) sum += acc[k];
+  return sum;
+#else
+  T sum = T(0);
+  for (index_t c = c0; c < c1; ++c) sum += (w[c] = exp_clamped(s[c] - m));
+  return sum;
+#endif
 }
 
 /// e[c] = e^{s[c] - m} for c in [c0, c1).
@@ -335,35 +401,6 @@ inline void row_exp(const T* s, T* e, T m, index_t c0, index_t c1) {
 #else
 #  pragma omp simd
   for (index_t c = c0; c < c1; ++c) e[c] = exp_clamped(s[c] - m);
-#endif
-}
-
-/// Forward weights of the segments (c-1, c), c in [c0, c1): L[c] is the weight
-/// knot c gets from its left segment, R[c-1] the weight knot c-1 gets from its
-/// right segment. Tail lanes also write L[c1 …] and R[c1 - 1 …].
-template <class T>
-inline void row_segments(const T* s, const T* e, T* L, T* R, index_t c0, index_t c1) {
-#if defined(CONTINUUM_CPU_SIMD)
-  using S = Simd<T>;
-  using V = typename S::v;
-  for (index_t c = c0; c < c1; c += S::W) {
-    const V x = S::load(s + c - 1), y = S::load(s + c);
-    const V b = x > y ? x - y : y - x;
-    V near, far;
-    VectorOps<T>::segment_weights(b, S::load(e + c - 1), S::load(e + c), near, far);
-    S::store(L + c, y >= x ? near : far);
-    S::store(R + c - 1, x >= y ? near : far);
-  }
-#else
-#  pragma omp simd
-  for (index_t c = c0; c < c1; ++c) {
-    const T x = s[c - 1], y = s[c];
-    const T b = x > y ? x - y : y - x;
-    T near, far;
-    segment_weights(b, e[c - 1], e[c], near, far);
-    L[c] = y >= x ? near : far;
-    R[c - 1] = x >= y ? near : far;
-  }
 #endif
 }
 
@@ -415,12 +452,11 @@ struct ForwardWorkspace {
   RowMatrix<T> s;       // kBr × (kBc + 1 + pad): column 0 = halo key, column kBc carries the next halo
   RowMatrix<T> w;       // kBr × (kBc + 1): weights α e^{-m}
   RowMatrix<T> o;       // kBr × Dv accumulators
-  std::vector<T> e, left, right;  // per-row scratch, kBc + 1
   std::vector<T> m, l;
   std::vector<RowRange> range;
   ForwardWorkspace(index_t D, index_t Dv)
-      : q(kBr, D), kt(D, kBc), s(RowMatrix<T>::Zero(kBr, kBc + 1 + kPad<T>)), w(kBr, kBc + 1), o(kBr, Dv),
-        e(kBc + 1 + 2 * kPad<T>), left(kBc + 1 + 2 * kPad<T>), right(kBc + 1 + 2 * kPad<T>), m(kBr), l(kBr),
+      : q(kBr, D), kt(D, kBc), s(RowMatrix<T>::Zero(kBr, kBc + 1 + kPad<T>)), w(kBr, kBc + 1 + kPad<T>), o(kBr, Dv),
+        m(kBr), l(kBr),
         range(kBr) {}
 };
 
@@ -513,25 +549,13 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, in
         const T m = ws.m[r];
         // The halo (column cv0 - 1) takes part when that key is visible too.
         const index_t ce0 = (Continuum && vlo - 1 >= lo) ? cv0 - 1 : cv0;
-        T* e = ws.e.data();
-        row_exp(sr, e, m, ce0, cv1);
+        T lsum;
+        if constexpr (Continuum)
+          lsum = row_continuum_weights(sr, m, wr, ce0, cv1, lo >= k0, hi <= k1);
+        else
+          lsum = row_exp_sum(sr, m, wr, ce0, cv1);
         std::fill(wr, wr + ce0, T(0));
-        std::fill(wr + cv1, wr + nc + 1, T(0));
-        T lsum = T(0);
-        if constexpr (Continuum) {
-          T* L = ws.left.data();
-          T* R = ws.right.data();
-          // Segment (column c-1, column c) for c in (ce0, cv1): both keys visible.
-          row_segments(sr, e, L, R, ce0 + 1, cv1);
-          L[ce0] = T(0);
-          R[cv1 - 1] = T(0);  // (also clears what the tail lanes wrote there)
-          // Flat half-token cells at the ends of the visible range.
-          if (lo >= k0) L[lo - key0] += T(0.5) * e[lo - key0];
-          if (hi <= k1) R[hi - 1 - key0] += T(0.5) * e[hi - 1 - key0];
-          lsum = row_add_sum<T, true>(L, R, wr, ce0, cv1);
-        } else {
-          lsum = row_add_sum<T, false>(e, e, wr, cv0, cv1);
-        }
+        if (cv1 < nc + 1) std::fill(wr + cv1, wr + nc + 1, T(0));
         ws.l[r] += lsum;
       }
       // O += W · V over the keys [u0 - 1, u1) (the halo key only when it exists).
