@@ -92,7 +92,7 @@ inline void pack_transposed(const T* src, index_t lds, index_t n, index_t cols, 
 }
 
 /// C (M × N) = or += A · B with A(r, k) = A[r·sa_r + k·sa_k], B and C row-major:
-/// the micro-kernel (tile_gemm.hpp) with GCC/Clang, Eigen otherwise.
+/// the micro-kernel (tile_gemm.hpp) with GCC/Clang, plain loops otherwise.
 template <class T>
 inline void gemm(index_t M, index_t N, index_t K, const T* A, index_t sa_r, index_t sa_k, const T* B, index_t ldb,
                  T* C, index_t ldc, bool accumulate) {
@@ -100,19 +100,20 @@ inline void gemm(index_t M, index_t N, index_t K, const T* A, index_t sa_r, inde
 #if defined(CONTINUUM_TILE_GEMM)
   tile_gemm<T>(M, N, K, A, sa_r, sa_k, B, ldb, C, ldc, accumulate);
 #else
-  using AMap = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>, Eigen::Unaligned,
-                          Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>>;
-  AMap a(A, M, K, Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>(sa_k, sa_r));
-  ConstStridedMap<T> b(B, K, N, Eigen::OuterStride<>(ldb));
-  StridedMap<T> c(C, M, N, Eigen::OuterStride<>(ldc));
-  if (K <= 0) {
-    if (!accumulate) c.setZero();
-    return;
+  // Plain loops: each element is the running sum over k in order, as in the
+  // micro-kernel, so a row's result does not depend on M, N or the other rows
+  // (a library GEMM's blocking would make a KV-cache decode step differ from
+  // the full forward in the last bits).
+  for (index_t r = 0; r < M; ++r) {
+    T* c = C + r * ldc;
+    if (!accumulate) std::fill(c, c + N, T(0));
+    for (index_t k = 0; k < K; ++k) {
+      const T a = A[r * sa_r + k * sa_k];
+      const T* b = B + k * ldb;
+#  pragma omp simd
+      for (index_t n = 0; n < N; ++n) c[n] += a * b[n];
+    }
   }
-  if (accumulate)
-    c.noalias() += a * b;
-  else
-    c.noalias() = a * b;
 #endif
 }
 
