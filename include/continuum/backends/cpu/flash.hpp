@@ -310,8 +310,8 @@ inline typename Simd<T>::v shift_in(typename Simd<T>::v prev, typename Simd<T>::
 /// from the right segment) · e^{-m}, with the flat half-token cell e^{s-m}/2 at
 /// the first knot when `half_lo` and at the last when `half_hi`. Returns
 /// Σ_c w[c]. One pass: e^{s-m}, the segment weights and the sum per vector;
-/// w is written on [c0, c1 + W - 1) (zeros from c1 on), s is read on
-/// [c0, c1 + W): both buffers carry W spare elements.
+/// w is written on [c0, c1 + W - 2) (zeros from c1 on), s is read on
+/// [c0, c1 + W - 1): both buffers carry W spare elements.
 template <class T>
 inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bool half_lo, bool half_hi) {
   const T e0 = exp_clamped(s[c0] - m);
@@ -322,30 +322,37 @@ inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bo
   using O = VectorOps<T>;
   VI lane{};
   for (int k = 0; k < S::W; ++k) lane[k] = k;
-  const T half = half_hi ? T(0.5) : T(0);
   V e_prev = O::splat(e0);                           // lane W-1: e at knot c - 1
   V left_prev = O::splat(half_lo ? T(0.5) * e0 : T(0));  // lane W-1: left weight of knot c - 1
   V acc{};
-  // Lane k handles the segment (j - 1, j), j = c + k, and writes w[j - 1].
-  for (index_t c = c0 + 1; c <= c1; c += S::W) {
+  T last_left = half_lo ? T(0.5) * e0 : T(0), last_e = e0;  // knot c1 - 1
+  // Lane k handles the segment (j - 1, j), j = c + k < c1, and writes w[j - 1];
+  // lanes j ≥ c1 (past the row) write 0 and take b = 0 (the cheap regime).
+  for (index_t c = c0 + 1; c < c1; c += S::W) {
+    const VI j = lane + VI{} + typename SimdInt<T>::type(c);
+    const VI valid = j < typename SimdInt<T>::type(c1);
     const V x = S::load(s + c - 1), y = S::load(s + c);
     const V ey = O::exp_clamped(y - m);
     const V ex = shift_in<T>(e_prev, ey);
-    const V b = x > y ? x - y : y - x;
+    const V b = valid ? (x > y ? x - y : y - x) : V{};
     V near, far;
     O::segment_weights(b, ex, ey, near, far);
-    const V left = y >= x ? near : far;   // weight of knot j from this segment
-    V right = x >= y ? near : far;        // weight of knot j - 1 from this segment
-    const VI j = lane + VI{} + typename SimdInt<T>::type(c);
-    right = j < typename SimdInt<T>::type(c1) ? right : (j == typename SimdInt<T>::type(c1) ? half * ex : V{});
-    V wv = shift_in<T>(left_prev, left) + right;
-    wv = j <= typename SimdInt<T>::type(c1) ? wv : V{};
+    const V left = y >= x ? near : far;  // weight of knot j from this segment
+    const V right = x >= y ? near : far;  // weight of knot j - 1 from this segment
+    const V wv = valid ? shift_in<T>(left_prev, left) + right : V{};
     S::store(w + c - 1, wv);
     acc += wv;
+    if (c + S::W >= c1) {  // the last vector: keep knot c1 - 1's left weight and e
+      last_left = left[c1 - 1 - c];
+      last_e = ey[c1 - 1 - c];
+    }
     e_prev = ey;
     left_prev = left;
   }
-  T sum = T(0);
+  // The last knot: its left weight, plus the end half-cell when it has one.
+  const T w_last = last_left + (half_hi ? T(0.5) * last_e : T(0));
+  w[c1 - 1] = w_last;
+  T sum = w_last;
   for (int k = 0; k < S::W; ++k) sum += acc[k];
   return sum;
 #else
