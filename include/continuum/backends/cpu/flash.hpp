@@ -326,28 +326,39 @@ inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bo
   V left_prev = O::splat(half_lo ? T(0.5) * e0 : T(0));  // lane W-1: left weight of knot c - 1
   V acc{};
   T last_left = half_lo ? T(0.5) * e0 : T(0), last_e = e0;  // knot c1 - 1
-  // Lane k handles the segment (j - 1, j), j = c + k < c1, and writes w[j - 1];
-  // lanes j ≥ c1 (past the row) write 0 and take b = 0 (the cheap regime).
-  for (index_t c = c0 + 1; c < c1; c += S::W) {
-    const VI j = lane + VI{} + typename SimdInt<T>::type(c);
-    const VI valid = j < typename SimdInt<T>::type(c1);
+  // Lane k handles the segment (j - 1, j), j = c + k < c1, and writes w[j - 1].
+  // In the last, partial vector the lanes j ≥ c1 (past the row) write 0 and
+  // take b = 0 (the cheap regime).
+  const auto step = [&](index_t c, auto partial) {
+    constexpr bool kPartial = decltype(partial)::value;
     const V x = S::load(s + c - 1), y = S::load(s + c);
     const V ey = O::exp_clamped(y - m);
     const V ex = shift_in<T>(e_prev, ey);
-    const V b = valid ? (x > y ? x - y : y - x) : V{};
+    const VI y_near = y >= x, x_near = x >= y;  // which knot takes the near weight (ties: both)
+    V b = O::vabs(x - y);
+    VI valid{};
+    if constexpr (kPartial) {
+      valid = (lane + typename SimdInt<T>::type(c)) < typename SimdInt<T>::type(c1);
+      b = valid ? b : V{};
+    }
     V near, far;
     O::segment_weights(b, ex, ey, near, far);
-    const V left = y >= x ? near : far;  // weight of knot j from this segment
-    const V right = x >= y ? near : far;  // weight of knot j - 1 from this segment
-    const V wv = valid ? shift_in<T>(left_prev, left) + right : V{};
+    const V left = y_near ? near : far;   // weight of knot j from this segment
+    const V right = x_near ? near : far;  // weight of knot j - 1 from this segment
+    V wv = shift_in<T>(left_prev, left) + right;
+    if constexpr (kPartial) wv = valid ? wv : V{};
     S::store(w + c - 1, wv);
     acc += wv;
-    if (c + S::W >= c1) {  // the last vector: keep knot c1 - 1's left weight and e
-      last_left = left[c1 - 1 - c];
-      last_e = ey[c1 - 1 - c];
-    }
     e_prev = ey;
     left_prev = left;
+  };
+  index_t c = c0 + 1;
+  for (; c + S::W <= c1; c += S::W) step(c, std::false_type{});
+  if (c < c1) step(c, std::true_type{});
+  if (c1 > c0 + 1) {  // knot c1 - 1 sits in the last vector handled
+    const index_t k = (c1 - 1 - (c0 + 1)) % S::W;
+    last_left = left_prev[k];
+    last_e = e_prev[k];
   }
   // The last knot: its left weight, plus the end half-cell when it has one.
   const T w_last = last_left + (half_hi ? T(0.5) * last_e : T(0));
