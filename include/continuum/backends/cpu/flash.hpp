@@ -303,7 +303,7 @@ inline T row_max(const T* s, index_t c0, index_t c1) {
       c += S::W;
     }
     m0 = m1 > m0 ? m1 : m0;
-    for (int k = 0; k < S::W; ++k) m = m0[k] > m ? m0[k] : m;
+    m = hmax<T>(m0);
   }
 #endif
   for (; c < c1; ++c) m = s[c] > m ? s[c] : m;
@@ -381,9 +381,7 @@ inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bo
   // The last knot: its left weight, plus the end half-cell when it has one.
   const T w_last = last_left + (half_hi ? T(0.5) * last_e : T(0));
   w[c1 - 1] = w_last;
-  T sum = w_last;
-  for (int k = 0; k < S::W; ++k) sum += acc[k];
-  return sum;
+  return w_last + hsum<T>(acc);
 #else
   T e_prev = e0, left_prev = half_lo ? T(0.5) * e0 : T(0), sum = T(0);
   for (index_t j = c0 + 1; j < c1; ++j) {
@@ -419,9 +417,7 @@ inline T row_exp_sum(const T* s, T m, T* w, index_t c0, index_t c1) {
     S::store(w + c, e);
     acc += e;
   }
-  T sum = T(0);
-  for (int k = 0; k < S::W; ++k) sum += acc[k];
-  return sum;
+  return hsum<T>(acc);
 #else
   T sum = T(0);
   for (index_t c = c0; c < c1; ++c) sum += (w[c] = exp_clamped(s[c] - m));

@@ -76,6 +76,33 @@ inline void transpose_block(typename Simd<T>::v (&r)[Simd<T>::W]) {
     transpose_block<T, 2 * H>(r);
   }
 }
+
+/// Lane k of the result is x[(k + H) mod W].
+template <class V, int H, int... K>
+inline V rotate_lanes(V x, std::integer_sequence<int, K...>) {
+  return __builtin_shufflevector(x, x, ((K + H) % int(sizeof...(K)))...);
+}
+
+/// Horizontal sum / max of a vector: log2(W) rotate-and-combine steps, a fixed
+/// order of operations (the result depends on x only).
+template <class T, int H = Simd<T>::W / 2>
+inline T hsum(typename Simd<T>::v x) {
+  if constexpr (H == 0) {
+    return x[0];
+  } else {
+    x += rotate_lanes<typename Simd<T>::v, H>(x, std::make_integer_sequence<int, Simd<T>::W>{});
+    return hsum<T, H / 2>(x);
+  }
+}
+template <class T, int H = Simd<T>::W / 2>
+inline T hmax(typename Simd<T>::v x) {
+  if constexpr (H == 0) {
+    return x[0];
+  } else {
+    const typename Simd<T>::v y = rotate_lanes<typename Simd<T>::v, H>(x, std::make_integer_sequence<int, Simd<T>::W>{});
+    return hmax<T, H / 2>(y > x ? y : x);
+  }
+}
 #endif
 
 }  // namespace cpu_detail
