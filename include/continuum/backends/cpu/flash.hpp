@@ -742,8 +742,11 @@ void backward_head(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, i
       }
   }
 
-  for (index_t k0 = 0; k0 < Lk; k0 += kBc) {
-    const index_t k1 = std::min(k0 + kBc, Lk);
+  // Key tiles of kBc - 2 keys for continuum: with a halo key on each side the
+  // S and dP products are kBc columns wide, a whole number of vectors.
+  constexpr index_t kTile = Continuum ? kBc - 2 : kBc;
+  for (index_t k0 = 0; k0 < Lk; k0 += kTile) {
+    const index_t k1 = std::min(k0 + kTile, Lk);
     const index_t nc = k1 - k0;
     const index_t kk0 = Continuum ? std::max<index_t>(k0 - 1, 0) : k0;
     const index_t kk1 = Continuum ? std::min(k1 + 1, Lk) : k1;
