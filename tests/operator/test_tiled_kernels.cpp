@@ -127,3 +127,39 @@ TEST_CASE("tiled kernels: bitwise independent of the thread count", "[operator][
     }
   }
 }
+
+TEST_CASE("tiled forward: a KV-cache decode step is the full causal row, bit for bit", "[operator][tiled]") {
+  // Key tiles sit at absolute multiples of the tile width, so a decode step
+  // (Lq = 1 over the first t + 1 cached keys) runs the same operations as row t
+  // of the full causal forward. Rows on both sides of tile boundaries (128, 256).
+  const index_t window = GENERATE(0, 50);
+  const int kernel = GENERATE(0, 1);
+  Case<float> full;
+  full.Lq = full.Lk = 300;
+  full.D = full.Dv = 16;
+  full.vis.causal = true;
+  full.vis.window = window;
+  full.kernel = kernel ? continuum::Kernel::softmax : continuum::Kernel::continuum;
+  full.tau = 0.3f;
+  full.alloc();
+  auto rng = rng_for(4242);
+  full.fill_uniform(rng);
+  run_forward(full, true);
+  const auto full_o = full.o.contiguous();
+  for (index_t t : {0, 1, 2, 127, 128, 129, 200, 255, 256, 257, 299}) {
+    continuum::ForwardArgs<float> a = full.forward_args();
+    a.float_arithmetic = true;
+    a.query.data = full.q.view.row(0, 0, t);
+    a.query.seq = 1;
+    a.key.seq = t + 1;
+    a.value.seq = t + 1;
+    std::vector<float> out(16, std::numeric_limits<float>::quiet_NaN());
+    float lse = 0;
+    a.out = continuum::TensorView<float>::bhsd(out.data(), 1, 1, 1, 16);
+    a.lse = &lse;
+    continuum::attention_forward(continuum::cpu, a);
+    INFO("window " << window << " kernel " << kernel << " step " << t);
+    CHECK(std::memcmp(out.data(), full_o.data() + t * 16, 16 * sizeof(float)) == 0);
+    CHECK(std::memcmp(&lse, &full.lse[static_cast<std::size_t>(t)], sizeof(float)) == 0);
+  }
+}

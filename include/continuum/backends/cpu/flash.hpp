@@ -33,6 +33,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -83,15 +84,33 @@ inline index_t round_up(index_t n, index_t m) { return (n + m - 1) / m * m; }
 /// c < n, and 0 for n ≤ c < ldd (padding up to the vector width).
 template <class T>
 inline void pack_transposed(const T* src, index_t lds, index_t n, index_t cols, T* dst, index_t ldd) {
-  for (index_t d = 0; d < cols; ++d) std::fill(dst + d * ldd + n, dst + d * ldd + ldd, T(0));
-  for (index_t c = 0; c < n; ++c) {
-    const T* row = src + c * lds;
-    for (index_t d = 0; d < cols; ++d) dst[d * ldd + c] = row[d];
+  index_t c = 0;
+#if defined(CONTINUUM_CPU_SIMD)
+  // W × W blocks transposed in registers (a scalar transpose costs about as
+  // much as a tenth of the tile's score product).
+  using S = Simd<T>;
+  constexpr int W = S::W;
+  const index_t cols_w = cols / W * W;
+  for (; c + W <= n; c += W) {
+    for (index_t d = 0; d < cols_w; d += W) {
+      typename S::v r[W];
+      for (int i = 0; i < W; ++i) r[i] = S::load(src + (c + i) * lds + d);
+      transpose_block<T>(r);
+      for (int i = 0; i < W; ++i) S::store(dst + (d + i) * ldd + c, r[i]);
+    }
+    for (index_t d = cols_w; d < cols; ++d)
+      for (int i = 0; i < W; ++i) dst[d * ldd + c + i] = src[(c + i) * lds + d];
+  }
+#endif
+  for (index_t d = 0; d < cols; ++d) {
+    T* out = dst + d * ldd;
+    for (index_t k = c; k < n; ++k) out[k] = src[k * lds + d];
+    std::fill(out + std::max(c, n), out + ldd, T(0));
   }
 }
 
 /// C (M × N) = or += A · B with A(r, k) = A[r·sa_r + k·sa_k], B and C row-major:
-/// the micro-kernel (tile_gemm.hpp) with GCC/Clang, Eigen otherwise.
+/// the micro-kernel (tile_gemm.hpp) with GCC/Clang, plain loops otherwise.
 template <class T>
 inline void gemm(index_t M, index_t N, index_t K, const T* A, index_t sa_r, index_t sa_k, const T* B, index_t ldb,
                  T* C, index_t ldc, bool accumulate) {
@@ -99,19 +118,20 @@ inline void gemm(index_t M, index_t N, index_t K, const T* A, index_t sa_r, inde
 #if defined(CONTINUUM_TILE_GEMM)
   tile_gemm<T>(M, N, K, A, sa_r, sa_k, B, ldb, C, ldc, accumulate);
 #else
-  using AMap = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>, Eigen::Unaligned,
-                          Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>>;
-  AMap a(A, M, K, Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>(sa_k, sa_r));
-  ConstStridedMap<T> b(B, K, N, Eigen::OuterStride<>(ldb));
-  StridedMap<T> c(C, M, N, Eigen::OuterStride<>(ldc));
-  if (K <= 0) {
-    if (!accumulate) c.setZero();
-    return;
+  // Plain loops: each element is the running sum over k in order, as in the
+  // micro-kernel, so a row's result does not depend on M, N or the other rows
+  // (a library GEMM's blocking would make a KV-cache decode step differ from
+  // the full forward in the last bits).
+  for (index_t r = 0; r < M; ++r) {
+    T* c = C + r * ldc;
+    if (!accumulate) std::fill(c, c + N, T(0));
+    for (index_t k = 0; k < K; ++k) {
+      const T a = A[r * sa_r + k * sa_k];
+      const T* b = B + k * ldb;
+#  pragma omp simd
+      for (index_t n = 0; n < N; ++n) c[n] += a * b[n];
+    }
   }
-  if (accumulate)
-    c.noalias() += a * b;
-  else
-    c.noalias() = a * b;
 #endif
 }
 
@@ -262,6 +282,149 @@ inline bool magnitudes_suit_flash(double scale, double tau_min, index_t D, index
 // what the tail lanes wrote where it matters (see each caller).
 // ---------------------------------------------------------------------------
 
+/// Largest s[c] over c in [c0, c1); -inf when the range is empty.
+template <class T>
+inline T row_max(const T* s, index_t c0, index_t c1) {
+  T m = -std::numeric_limits<T>::infinity();
+  index_t c = c0;
+#if defined(CONTINUUM_CPU_SIMD)
+  using S = Simd<T>;
+  using V = typename S::v;
+  if (c1 - c0 >= S::W) {
+    V m0 = V{} + m, m1 = m0;  // two chains: the max latency is hidden
+    for (; c + 2 * S::W <= c1; c += 2 * S::W) {
+      const V x0 = S::load(s + c), x1 = S::load(s + c + S::W);
+      m0 = x0 > m0 ? x0 : m0;
+      m1 = x1 > m1 ? x1 : m1;
+    }
+    if (c + S::W <= c1) {
+      const V x0 = S::load(s + c);
+      m0 = x0 > m0 ? x0 : m0;
+      c += S::W;
+    }
+    m0 = m1 > m0 ? m1 : m0;
+    m = hmax<T>(m0);
+  }
+#endif
+  for (; c < c1; ++c) m = s[c] > m ? s[c] : m;
+  return m;
+}
+
+#if defined(CONTINUUM_CPU_SIMD)
+/// {prev[W-1], cur[0], …, cur[W-2]}: the vector one position to the left.
+template <class V, int W, int... I>
+inline V shift_in_impl(V prev, V cur, std::integer_sequence<int, I...>) {
+  return __builtin_shufflevector(prev, cur, (W - 1 + I)...);
+}
+template <class T>
+inline typename Simd<T>::v shift_in(typename Simd<T>::v prev, typename Simd<T>::v cur) {
+  return shift_in_impl<typename Simd<T>::v, Simd<T>::W>(prev, cur, std::make_integer_sequence<int, Simd<T>::W>{});
+}
+#endif
+
+/// Continuum stencil weights of one row, fused (SPEC §4–§5): the knots
+/// c0 … c1-1 of the row buffer s are visible (c1 > c0), consecutive knots form
+/// a segment, and w[c] = α_c e^{-m} = (weight from the left segment + weight
+/// from the right segment) · e^{-m}, with the flat half-token cell e^{s-m}/2 at
+/// the first knot when `half_lo` and at the last when `half_hi`. Returns
+/// Σ_c w[c]. One pass: e^{s-m}, the segment weights and the sum per vector;
+/// w is written on [c0, c1 + W - 2) (zeros from c1 on), s is read on
+/// [c0, c1 + W - 1): both buffers carry W spare elements.
+template <class T>
+inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bool half_lo, bool half_hi) {
+  const T e0 = exp_clamped(s[c0] - m);
+#if defined(CONTINUUM_CPU_SIMD)
+  using S = Simd<T>;
+  using V = typename S::v;
+  using VI = typename S::vi;
+  using O = VectorOps<T>;
+  VI lane{};
+  for (int k = 0; k < S::W; ++k) lane[k] = k;
+  V e_prev = O::splat(e0);                           // lane W-1: e at knot c - 1
+  V left_prev = O::splat(half_lo ? T(0.5) * e0 : T(0));  // lane W-1: left weight of knot c - 1
+  V acc{};
+  T last_left = half_lo ? T(0.5) * e0 : T(0), last_e = e0;  // knot c1 - 1
+  // Lane k handles the segment (j - 1, j), j = c + k < c1, and writes w[j - 1].
+  // In the last, partial vector the lanes j ≥ c1 (past the row) write 0 and
+  // take b = 0 (the cheap regime).
+  const auto step = [&](index_t c, auto partial) {
+    constexpr bool kPartial = decltype(partial)::value;
+    const V x = S::load(s + c - 1), y = S::load(s + c);
+    const V ey = O::exp_clamped(y - m);
+    const V ex = shift_in<T>(e_prev, ey);
+    const VI y_near = y >= x, x_near = x >= y;  // which knot takes the near weight (ties: both)
+    V b = O::vabs(x - y);
+    VI valid{};
+    if constexpr (kPartial) {
+      valid = (lane + typename SimdInt<T>::type(c)) < typename SimdInt<T>::type(c1);
+      b = valid ? b : V{};
+    }
+    V near, far;
+    O::segment_weights(b, ex, ey, near, far);
+    const V left = y_near ? near : far;   // weight of knot j from this segment
+    const V right = x_near ? near : far;  // weight of knot j - 1 from this segment
+    V wv = shift_in<T>(left_prev, left) + right;
+    if constexpr (kPartial) wv = valid ? wv : V{};
+    S::store(w + c - 1, wv);
+    acc += wv;
+    e_prev = ey;
+    left_prev = left;
+  };
+  index_t c = c0 + 1;
+  for (; c + S::W <= c1; c += S::W) step(c, std::false_type{});
+  if (c < c1) step(c, std::true_type{});
+  if (c1 > c0 + 1) {  // knot c1 - 1 sits in the last vector handled
+    const index_t k = (c1 - 1 - (c0 + 1)) % S::W;
+    last_left = left_prev[k];
+    last_e = e_prev[k];
+  }
+  // The last knot: its left weight, plus the end half-cell when it has one.
+  const T w_last = last_left + (half_hi ? T(0.5) * last_e : T(0));
+  w[c1 - 1] = w_last;
+  return w_last + hsum<T>(acc);
+#else
+  T e_prev = e0, left_prev = half_lo ? T(0.5) * e0 : T(0), sum = T(0);
+  for (index_t j = c0 + 1; j < c1; ++j) {
+    const T x = s[j - 1], y = s[j];
+    const T ey = exp_clamped(y - m);
+    const T b = x > y ? x - y : y - x;
+    T near, far;
+    segment_weights(b, e_prev, ey, near, far);
+    w[j - 1] = left_prev + (x >= y ? near : far);
+    sum += w[j - 1];
+    left_prev = y >= x ? near : far;
+    e_prev = ey;
+  }
+  w[c1 - 1] = left_prev + (half_hi ? T(0.5) * e_prev : T(0));
+  return sum + w[c1 - 1];
+#endif
+}
+
+/// w[c] = e^{s[c] - m} for c in [c0, c1); returns Σ w[c] (softmax weights).
+/// Vector lanes may write w up to c1 + W - 2 (zeros from c1 on).
+template <class T>
+inline T row_exp_sum(const T* s, T m, T* w, index_t c0, index_t c1) {
+#if defined(CONTINUUM_CPU_SIMD)
+  using S = Simd<T>;
+  using V = typename S::v;
+  using VI = typename S::vi;
+  VI lane{};
+  for (int k = 0; k < S::W; ++k) lane[k] = k;
+  V acc{};
+  for (index_t c = c0; c < c1; c += S::W) {
+    V e = VectorOps<T>::exp_clamped(S::load(s + c) - m);
+    e = lane + VI{} + typename SimdInt<T>::type(c) < typename SimdInt<T>::type(c1) ? e : V{};
+    S::store(w + c, e);
+    acc += e;
+  }
+  return hsum<T>(acc);
+#else
+  T sum = T(0);
+  for (index_t c = c0; c < c1; ++c) sum += (w[c] = exp_clamped(s[c] - m));
+  return sum;
+#endif
+}
+
 /// e[c] = e^{s[c] - m} for c in [c0, c1).
 template <class T>
 inline void row_exp(const T* s, T* e, T m, index_t c0, index_t c1) {
@@ -271,35 +434,6 @@ inline void row_exp(const T* s, T* e, T m, index_t c0, index_t c1) {
 #else
 #  pragma omp simd
   for (index_t c = c0; c < c1; ++c) e[c] = exp_clamped(s[c] - m);
-#endif
-}
-
-/// Forward weights of the segments (c-1, c), c in [c0, c1): L[c] is the weight
-/// knot c gets from its left segment, R[c-1] the weight knot c-1 gets from its
-/// right segment. Tail lanes also write L[c1 …] and R[c1 - 1 …].
-template <class T>
-inline void row_segments(const T* s, const T* e, T* L, T* R, index_t c0, index_t c1) {
-#if defined(CONTINUUM_CPU_SIMD)
-  using S = Simd<T>;
-  using V = typename S::v;
-  for (index_t c = c0; c < c1; c += S::W) {
-    const V x = S::load(s + c - 1), y = S::load(s + c);
-    const V b = x > y ? x - y : y - x;
-    V near, far;
-    VectorOps<T>::segment_weights(b, S::load(e + c - 1), S::load(e + c), near, far);
-    S::store(L + c, y >= x ? near : far);
-    S::store(R + c - 1, x >= y ? near : far);
-  }
-#else
-#  pragma omp simd
-  for (index_t c = c0; c < c1; ++c) {
-    const T x = s[c - 1], y = s[c];
-    const T b = x > y ? x - y : y - x;
-    T near, far;
-    segment_weights(b, e[c - 1], e[c], near, far);
-    L[c] = y >= x ? near : far;
-    R[c - 1] = x >= y ? near : far;
-  }
 #endif
 }
 
@@ -351,12 +485,11 @@ struct ForwardWorkspace {
   RowMatrix<T> s;       // kBr × (kBc + 1 + pad): column 0 = halo key, column kBc carries the next halo
   RowMatrix<T> w;       // kBr × (kBc + 1): weights α e^{-m}
   RowMatrix<T> o;       // kBr × Dv accumulators
-  std::vector<T> e, left, right;  // per-row scratch, kBc + 1
   std::vector<T> m, l;
   std::vector<RowRange> range;
   ForwardWorkspace(index_t D, index_t Dv)
-      : q(kBr, D), kt(D, kBc), s(RowMatrix<T>::Zero(kBr, kBc + 1 + kPad<T>)), w(kBr, kBc + 1), o(kBr, Dv),
-        e(kBc + 1 + 2 * kPad<T>), left(kBc + 1 + 2 * kPad<T>), right(kBc + 1 + 2 * kPad<T>), m(kBr), l(kBr),
+      : q(kBr, D), kt(D, kBc), s(RowMatrix<T>::Zero(kBr, kBc + 1 + kPad<T>)), w(kBr, kBc + 1 + kPad<T>), o(kBr, Dv),
+        m(kBr), l(kBr),
         range(kBr) {}
 };
 
@@ -437,9 +570,7 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, in
         const T* sr = ws.s.row(r).data();
         // Tile columns of the visible keys: [cv0, cv1).
         const index_t cv0 = vlo - key0, cv1 = vhi - key0;
-        T mt = kNegInf;
-#pragma omp simd reduction(max : mt)
-        for (index_t c = cv0; c < cv1; ++c) mt = sr[c] > mt ? sr[c] : mt;
+        const T mt = row_max(sr, cv0, cv1);
         if (mt > ws.m[r]) {
           const T alpha = ws.m[r] == kNegInf ? T(0) : exp_clamped(ws.m[r] - mt);
           ws.l[r] *= alpha;
@@ -451,33 +582,13 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, in
         const T m = ws.m[r];
         // The halo (column cv0 - 1) takes part when that key is visible too.
         const index_t ce0 = (Continuum && vlo - 1 >= lo) ? cv0 - 1 : cv0;
-        T* e = ws.e.data();
-        row_exp(sr, e, m, ce0, cv1);
+        T lsum;
+        if constexpr (Continuum)
+          lsum = row_continuum_weights(sr, m, wr, ce0, cv1, lo >= k0, hi <= k1);
+        else
+          lsum = row_exp_sum(sr, m, wr, ce0, cv1);
         std::fill(wr, wr + ce0, T(0));
-        std::fill(wr + cv1, wr + nc + 1, T(0));
-        T lsum = T(0);
-        if constexpr (Continuum) {
-          T* L = ws.left.data();
-          T* R = ws.right.data();
-          // Segment (column c-1, column c) for c in (ce0, cv1): both keys visible.
-          row_segments(sr, e, L, R, ce0 + 1, cv1);
-          L[ce0] = T(0);
-          R[cv1 - 1] = T(0);  // (also clears what the tail lanes wrote there)
-          // Flat half-token cells at the ends of the visible range.
-          if (lo >= k0) L[lo - key0] += T(0.5) * e[lo - key0];
-          if (hi <= k1) R[hi - 1 - key0] += T(0.5) * e[hi - 1 - key0];
-#pragma omp simd reduction(+ : lsum)
-          for (index_t c = ce0; c < cv1; ++c) {
-            wr[c] = L[c] + R[c];
-            lsum += wr[c];
-          }
-        } else {
-#pragma omp simd reduction(+ : lsum)
-          for (index_t c = cv0; c < cv1; ++c) {
-            wr[c] = e[c];
-            lsum += e[c];
-          }
-        }
+        if (cv1 < nc + 1) std::fill(wr + cv1, wr + nc + 1, T(0));
         ws.l[r] += lsum;
       }
       // O += W · V over the keys [u0 - 1, u1) (the halo key only when it exists).
@@ -631,8 +742,11 @@ void backward_head(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, i
       }
   }
 
-  for (index_t k0 = 0; k0 < Lk; k0 += kBc) {
-    const index_t k1 = std::min(k0 + kBc, Lk);
+  // Key tiles of kBc - 2 keys for continuum: with a halo key on each side the
+  // S and dP products are kBc columns wide, a whole number of vectors.
+  constexpr index_t kTile = Continuum ? kBc - 2 : kBc;
+  for (index_t k0 = 0; k0 < Lk; k0 += kTile) {
+    const index_t k1 = std::min(k0 + kTile, Lk);
     const index_t nc = k1 - k0;
     const index_t kk0 = Continuum ? std::max<index_t>(k0 - 1, 0) : k0;
     const index_t kk1 = Continuum ? std::min(k1 + 1, Lk) : k1;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(CONTINUUM_NO_CPU_SIMD)
 #  define CONTINUUM_CPU_SIMD 1
@@ -47,6 +48,61 @@ struct Simd {
   static v load(const T* p) { return *reinterpret_cast<const vu*>(p); }
   static void store(T* p, v x) { *reinterpret_cast<vu*>(p) = x; }
 };
+
+/// In-register transpose of a W × W block (r[i] = row i on entry, column i on
+/// exit): log2(W) butterfly stages; stage H pairs rows i and i + H
+/// ((i / H) even) and interleaves their H-element blocks.
+template <class V, int W, int H, int... K>
+inline V transpose_lo(V a, V b, std::integer_sequence<int, K...>) {
+  return __builtin_shufflevector(a, b, (((K / H) % 2 == 0) ? K : W + K - H)...);
+}
+template <class V, int W, int H, int... K>
+inline V transpose_hi(V a, V b, std::integer_sequence<int, K...>) {
+  return __builtin_shufflevector(a, b, (((K / H) % 2 == 0) ? K + H : W + K)...);
+}
+template <class T, int H = 1>
+inline void transpose_block(typename Simd<T>::v (&r)[Simd<T>::W]) {
+  constexpr int W = Simd<T>::W;
+  if constexpr (H < W) {
+    using V = typename Simd<T>::v;
+    constexpr auto idx = std::make_integer_sequence<int, W>{};
+    for (int i = 0; i < W; ++i)
+      if ((i / H) % 2 == 0) {
+        const V lo = transpose_lo<V, W, H>(r[i], r[i + H], idx);
+        const V hi = transpose_hi<V, W, H>(r[i], r[i + H], idx);
+        r[i] = lo;
+        r[i + H] = hi;
+      }
+    transpose_block<T, 2 * H>(r);
+  }
+}
+
+/// Lane k of the result is x[(k + H) mod W].
+template <class V, int H, int... K>
+inline V rotate_lanes(V x, std::integer_sequence<int, K...>) {
+  return __builtin_shufflevector(x, x, ((K + H) % int(sizeof...(K)))...);
+}
+
+/// Horizontal sum / max of a vector: log2(W) rotate-and-combine steps, a fixed
+/// order of operations (the result depends on x only).
+template <class T, int H = Simd<T>::W / 2>
+inline T hsum(typename Simd<T>::v x) {
+  if constexpr (H == 0) {
+    return x[0];
+  } else {
+    x += rotate_lanes<typename Simd<T>::v, H>(x, std::make_integer_sequence<int, Simd<T>::W>{});
+    return hsum<T, H / 2>(x);
+  }
+}
+template <class T, int H = Simd<T>::W / 2>
+inline T hmax(typename Simd<T>::v x) {
+  if constexpr (H == 0) {
+    return x[0];
+  } else {
+    const typename Simd<T>::v y = rotate_lanes<typename Simd<T>::v, H>(x, std::make_integer_sequence<int, Simd<T>::W>{});
+    return hmax<T, H / 2>(y > x ? y : x);
+  }
+}
 #endif
 
 }  // namespace cpu_detail

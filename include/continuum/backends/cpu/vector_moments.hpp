@@ -40,6 +40,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "../../config.hpp"
 #include "simd.hpp"
@@ -288,6 +289,11 @@ struct VectorOps {
   }
 
   static V vmax(V a, V b) { return a > b ? a : b; }
+  /// |x| (clears the sign bit).
+  static V vabs(V x) {
+    using I = typename SimdInt<T>::type;
+    return (V)((VI)x & (VI{} + std::numeric_limits<I>::max()));
+  }
   static V vmin(V a, V b) { return a > b ? b : a; }
 
   /// Lanes with b ≤ 2 (the polynomial regime): 0 = none, 1 = some, 2 = all.
