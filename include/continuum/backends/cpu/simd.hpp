@@ -7,7 +7,10 @@
 #include <cstdint>
 #include <utility>
 
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(CONTINUUM_NO_CPU_SIMD)
+// nvcc's front end (a translation unit that includes the CPU backend next to the
+// CUDA one) does not take __builtin_shufflevector with pack expansions: there
+// the CPU kernels use their plain loops.
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && !defined(CONTINUUM_NO_CPU_SIMD)
 #  define CONTINUUM_CPU_SIMD 1
 #  if defined(__AVX512F__)
 #    include <immintrin.h>
