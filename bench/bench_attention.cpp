@@ -104,12 +104,13 @@ __attribute__((noinline)) double fma_kernel(long iters, T seed) {
   return 2.0 * double(kAcc) * double(kLanes) * double(iters);
 }
 
-/// Peak FLOP/s with `threads` threads, best of a few 50 ms trials.
+/// Peak FLOP/s with `threads` threads, best of three ~50 ms trials (long
+/// enough that waking the OpenMP team does not count).
 template <class T>
 double measure_peak(int threads) {
-  const long iters = 2'000'000;
+  const long iters = 12'000'000;
   double best = 0;
-  for (int trial = 0; trial < 5; ++trial) {
+  for (int trial = 0; trial < 3; ++trial) {
     const auto t0 = std::chrono::steady_clock::now();
     double flops = 0;
 #if defined(_OPENMP)

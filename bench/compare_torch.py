@@ -134,7 +134,8 @@ def run_case(python, impl, causal, bwd, a):
 
 
 def read_ours(path, n, d, threads, dtype):
-    """Median real time (ms) of our attention cases from Google Benchmark JSON."""
+    """Median real time (ms) of our attention cases from Google Benchmark JSON;
+    dtype is the benchmark's type tag (f32fa: float storage, float arithmetic)."""
     with open(path) as f:
         data = json.load(f)
     out = {}
@@ -174,6 +175,9 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", choices=["f32", "f64"], default="f32")
+    p.add_argument("--ours-type", default=None,
+                   help="type tag of our benchmark rows to compare with (default: f32fa for f32, the tiled "
+                        "float-arithmetic kernels, the same precision class as SDPA; f64 for f64)")
     a = p.parse_args()
     if a.n <= 0 or a.d <= 0 or a.heads <= 0 or a.reps < 1 or a.threads < 1:
         p.error("--n, --d, --heads, --threads must be > 0 and --reps ≥ 1")
@@ -210,9 +214,11 @@ def main():
                 else:
                     results.append(r)
 
-    ours = read_ours(a.ours, a.n, a.d, a.threads, a.dtype) if a.ours else {}
+    ours_type = a.ours_type or ("f32fa" if a.dtype == "f32" else "f64")
+    ours = read_ours(a.ours, a.n, a.d, a.threads, ours_type) if a.ours else {}
     print(f"shape: batch 1, heads {a.heads}, seq {a.n}, head_dim {a.d}, {a.dtype}, {a.threads} threads; "
-          f"medians of {a.reps} (PyTorch) — ratio = PyTorch time / ours (> 1: ours faster)")
+          f"medians of {a.reps} (PyTorch); ours: the '{ours_type}' rows — ratio = PyTorch time / ours "
+          f"(> 1: ours faster)")
     hdr = f"{'case':<16}{'impl':<22}{'torch ms':>10}{'peak MiB':>10}{'continuum ms':>14}{'ratio':>8}" \
           f"{'softmax ms':>12}{'ratio':>8}"
     print(hdr)
