@@ -693,12 +693,9 @@ struct RowInfo {
 template <class T, bool Continuum>
 void backward_head(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, index_t b, index_t hk, double scale,
                    BackwardWorkspace<T>& ws,
-                   std::vector<RowInfo<T>>& rows /* one per query head of the group */,
-                   const double* dl_rows = nullptr /* Dl per row [group, Lq], else from a.out */,
-                   const BackwardArgs<float>* fout = nullptr /* write dK, dV here (float) instead */,
-                   index_t fb = 0, index_t fhk = 0) {
-  const bool want_dk = a.grad_key.data || (fout && fout->grad_key.data);
-  const bool want_dv = a.grad_value.data || (fout && fout->grad_value.data);
+                   std::vector<RowInfo<T>>& rows /* one per query head of the group */) {
+  const bool want_dk = a.grad_key.data != nullptr;
+  const bool want_dv = a.grad_value.data != nullptr;
   const index_t Lq = a.query.seq, Lk = a.key.seq, D = a.query.dim, Dv = a.value.dim;
   const index_t Hq = a.query.heads, group = Hq / a.key.heads;
   const index_t ldk = a.key.stride_seq, ldv = a.value.stride_seq;
@@ -722,9 +719,7 @@ void backward_head(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, i
       const index_t row = (b * Hq + h) * Lq + i;
       ri.m[i] = stat_m[row];
       ri.inv_l[i] = stat_l ? (stat_l[row] > T(0) ? T(1) / stat_l[row] : T(0)) : T(1);
-      if (dl_rows) {
-        ri.dl[i] = T(dl_rows[gq * Lq + i]);
-      } else {
+      {
         const T* o = a.out.row(b, h, i);
         const T* go = a.grad_out.row(b, h, i);
         T dl = T(0);
@@ -863,20 +858,10 @@ void backward_head(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, i
     if (a.grad_key.data) {
       StridedMap<T> dK(a.grad_key.row(b, hk, k0), nc, D, Eigen::OuterStride<>(a.grad_key.stride_seq));
       dK = ws.dk.topRows(nc);
-    } else if (fout && fout->grad_key.data) {
-      for (index_t j = 0; j < nc; ++j) {
-        float* dst = fout->grad_key.row(fb, fhk, k0 + j);
-        for (index_t d = 0; d < D; ++d) dst[d] = float(ws.dk(j, d));
-      }
     }
     if (a.grad_value.data) {
       StridedMap<T> dV(a.grad_value.row(b, hk, k0), nc, Dv, Eigen::OuterStride<>(a.grad_value.stride_seq));
       dV = ws.dv.topRows(nc);
-    } else if (fout && fout->grad_value.data) {
-      for (index_t j = 0; j < nc; ++j) {
-        float* dst = fout->grad_value.row(fb, fhk, k0 + j);
-        for (index_t d = 0; d < Dv; ++d) dst[d] = float(ws.dv(j, d));
-      }
     }
   }
   // dQ_i = c_i Σ_j dS_ij k_j: the scale was left out of the accumulation.
@@ -1021,236 +1006,15 @@ bool backward_native(const BackwardArgs<T>& a, double scale) {
                                           scale, threads, group);
 }
 
-// ---------------------------------------------------------------------------
-// Float storage, double arithmetic (the default for float): every task
-// converts the rows and keys it needs to double and runs the double kernel on
-// that sub-problem, so float inputs get double scores, weights and sums and
-// each output is rounded once. Key tiles stay at absolute multiples of kBc.
-// ---------------------------------------------------------------------------
-struct ForwardConversion {
-  std::vector<double> q, k, v, o, lse, tau;
-  std::vector<index_t> lo, hi;
-};
-
-template <bool Continuum>
-void forward_block_via_double(const ForwardArgs<float>& a, index_t b, index_t h, index_t i0, index_t i1,
-                              double scale, ForwardWorkspace<double>& ws, ForwardConversion& cv) {
-  const index_t Lq = a.query.seq, Lk = a.key.seq, D = a.query.dim, Dv = a.value.dim;
-  const index_t Hq = a.query.heads, hk = h / (Hq / a.key.heads);
-  const index_t nr = i1 - i0;
-  index_t kmin = Lk, kmax = 0;
-  cv.lo.resize(std::size_t(nr));
-  cv.hi.resize(std::size_t(nr));
-  cv.tau.resize(std::size_t(nr));
-  for (index_t r = 0; r < nr; ++r) {
-    const RowRange rr = row_range(a.visibility, b, i0 + r, Lq, Lk);
-    cv.lo[std::size_t(r)] = rr.lo;
-    cv.hi[std::size_t(r)] = rr.hi;
-    if (rr.hi > rr.lo) {
-      kmin = std::min(kmin, rr.lo);
-      kmax = std::max(kmax, rr.hi);
-    }
-    cv.tau[std::size_t(r)] = double(temperature_of(a.temperature, b, h, i0 + r, Hq, Lq));
-  }
-  const index_t kbase = kmax > kmin ? kmin / kBc * kBc : 0;
-  const index_t nk = kmax > kmin ? kmax - kbase : 0;
-  for (index_t r = 0; r < nr; ++r) {
-    const bool empty = cv.hi[std::size_t(r)] <= cv.lo[std::size_t(r)];
-    cv.lo[std::size_t(r)] = empty ? 0 : cv.lo[std::size_t(r)] - kbase;
-    cv.hi[std::size_t(r)] = empty ? 0 : cv.hi[std::size_t(r)] - kbase;
-  }
-  cv.q.resize(std::size_t(nr * D));
-  cv.k.resize(std::size_t(nk * D));
-  cv.v.resize(std::size_t(nk * Dv));
-  cv.o.resize(std::size_t(nr * Dv));
-  cv.lse.resize(std::size_t(nr));
-  for (index_t r = 0; r < nr; ++r) std::copy_n(a.query.row(b, h, i0 + r), D, cv.q.data() + r * D);
-  for (index_t j = 0; j < nk; ++j) {
-    std::copy_n(a.key.row(b, hk, kbase + j), D, cv.k.data() + j * D);
-    std::copy_n(a.value.row(b, hk, kbase + j), Dv, cv.v.data() + j * Dv);
-  }
-  ForwardArgs<double> s;
-  s.query = TensorView<const double>::bhsd(cv.q.data(), 1, 1, nr, D);
-  s.key = TensorView<const double>::bhsd(cv.k.data(), 1, 1, nk, D);
-  s.value = TensorView<const double>::bhsd(cv.v.data(), 1, 1, nk, Dv);
-  s.out = TensorView<double>::bhsd(cv.o.data(), 1, 1, nr, Dv);
-  s.lse = cv.lse.data();
-  s.kernel = a.kernel;
-  s.temperature.shape = TemperatureShape::per_query;
-  s.temperature.data = cv.tau.data();
-  s.visibility.range_lo = cv.lo.data();
-  s.visibility.range_hi = cv.hi.data();
-  forward_block<double, Continuum>(s, 0, 0, 0, nr, scale, ws);
-  for (index_t r = 0; r < nr; ++r) {
-    float* out = a.out.row(b, h, i0 + r);
-    for (index_t d = 0; d < Dv; ++d) out[d] = float(cv.o[std::size_t(r * Dv + d)]);
-    if (a.lse) a.lse[(b * Hq + h) * Lq + i0 + r] = float(cv.lse[std::size_t(r)]);
-  }
-}
-
-template <bool Continuum>
-bool forward_via_double(const ForwardArgs<float>& a, double scale) {
-  const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq, D = a.query.dim;
-  const index_t Dv = a.value.dim, Lk = a.key.seq;
-  if (a.probs || a.cell_mass) return false;
-  const index_t nqb = (Lq + kBr - 1) / kBr;
-  const index_t ntasks = B * Hq * nqb;
-  const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
-  {
-    const TensorView<const float> views[3] = {a.query, a.key, a.value};
-    ViewStats<float> st[3];
-    scan_views(views, st, threads);
-    if (!st[0].finite || !st[1].finite || !st[2].finite) return false;
-    if (!magnitudes_suit_flash(scale, min_temperature(a.temperature, B, Hq, Lq), D, Lk, st[0], st[1], st[2]))
-      return false;
-  }
-  if (ntasks == 0) return true;
-#if defined(_OPENMP)
-#  pragma omp parallel num_threads(threads) if (threads > 1)
-#endif
-  {
-    serial_eigen_in_this_region();
-    ForwardWorkspace<double> ws(D, Dv);
-    ForwardConversion cv;
-#if defined(_OPENMP)
-#  pragma omp for schedule(dynamic, 1)
-#endif
-    for (index_t task = 0; task < ntasks; ++task) {
-      const index_t qb = nqb - 1 - task % nqb;
-      const index_t bh = task / nqb;
-      const index_t b = bh / Hq, h = bh % Hq;
-      const index_t i0 = qb * kBr, i1 = std::min(Lq, i0 + kBr);
-      forward_block_via_double<Continuum>(a, b, h, i0, i1, scale, ws, cv);
-    }
-  }
-  return true;
-}
-
-template <bool Continuum>
-bool backward_via_double(const BackwardArgs<float>& a, double scale) {
-  const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
-  const index_t D = a.query.dim, Dv = a.value.dim, group = Hq / Hk, Lk = a.key.seq;
-  const index_t ntasks = B * Hk;
-  const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
-  {
-    const TensorView<const float> views[5] = {a.query, a.key, a.value, a.out, a.grad_out};
-    ViewStats<float> st[5];
-    scan_views(views, st, threads);
-    for (const auto& x : st)
-      if (!x.finite) return false;
-    if (!magnitudes_suit_flash(scale, min_temperature(a.temperature, B, Hq, Lq), D, Lk, st[0], st[1], st[2]))
-      return false;
-    if (double(std::max(Dv, Lk) + 1) * st[4].max_abs * std::max(st[2].max_abs, st[3].max_abs) >
-        kFlashBound<float>)
-      return false;
-  }
-  std::vector<double> dtau_rows(a.grad_temperature ? std::size_t(B * Hq * Lq) : 0);
-  if (ntasks > 0) {
-#if defined(_OPENMP)
-#  pragma omp parallel num_threads(threads) if (threads > 1)
-#endif
-    {
-      serial_eigen_in_this_region();
-      BackwardWorkspace<double> ws(D, Dv);
-      std::vector<RowInfo<double>> rows(static_cast<std::size_t>(group));
-      std::vector<double> q, k, v, dl, go, sm, sl, tau, dq;
-#if defined(_OPENMP)
-#  pragma omp for schedule(dynamic, 1)
-#endif
-      for (index_t task = 0; task < ntasks; ++task) {
-        const index_t b = task / Hk, hk = task % Hk;
-        const index_t nq = group * Lq;
-        q.resize(std::size_t(nq * D));
-        go.resize(std::size_t(nq * Dv));
-        dl.resize(std::size_t(nq));
-        sm.resize(std::size_t(nq));
-        sl.resize(std::size_t(nq));
-        tau.resize(std::size_t(nq));
-        k.resize(std::size_t(Lk * D));
-        v.resize(std::size_t(Lk * Dv));
-        for (index_t g = 0; g < group; ++g)
-          for (index_t i = 0; i < Lq; ++i) {
-            const index_t h = hk * group + g, r = g * Lq + i;
-            std::copy_n(a.query.row(b, h, i), D, q.data() + r * D);
-            std::copy_n(a.grad_out.row(b, h, i), Dv, go.data() + r * Dv);
-            // Dl_i = dO_i · o_i in double from the stored (float) out.
-            const float* oi = a.out.row(b, h, i);
-            const double* gi = go.data() + r * Dv;
-            double acc = 0;
-            for (index_t d = 0; d < Dv; ++d) acc += gi[d] * double(oi[d]);
-            dl[std::size_t(r)] = acc;
-            tau[std::size_t(r)] = double(temperature_of(a.temperature, b, h, i, Hq, Lq));
-          }
-        for (index_t j = 0; j < Lk; ++j) {
-          std::copy_n(a.key.row(b, hk, j), D, k.data() + j * D);
-          std::copy_n(a.value.row(b, hk, j), Dv, v.data() + j * Dv);
-        }
-        Visibility vis = a.visibility;
-        if (vis.range_lo) vis.range_lo += b * Lq;
-        if (vis.range_hi) vis.range_hi += b * Lq;
-        // Row statistics (max m, Σ α e^{-m}) in double: the stored float lse is
-        // rounded, P must carry double accuracy. Dl uses the given out (as the
-        // exact kernel does).
-        ForwardArgs<double> f;
-        f.query = TensorView<const double>::bhsd(q.data(), 1, group, Lq, D);
-        f.key = TensorView<const double>::bhsd(k.data(), 1, 1, Lk, D);
-        f.value = TensorView<const double>::bhsd(v.data(), 1, 1, Lk, Dv);
-        f.kernel = a.kernel;
-        f.temperature.shape = TemperatureShape::per_query;
-        f.temperature.data = tau.data();
-        f.visibility = vis;
-        f.num_threads = 1;
-        const index_t nqb = (Lq + kBr - 1) / kBr;
-        {
-          ForwardWorkspace<double> fws(D, Dv);
-          for (index_t g = 0; g < group; ++g)
-            for (index_t qb = 0; qb < nqb; ++qb)
-              forward_block<double, Continuum, true>(f, 0, g, qb * kBr, std::min(Lq, qb * kBr + kBr), scale, fws,
-                                                     sm.data(), sl.data());
-        }
-        BackwardArgs<double> s;
-        s.query = f.query;
-        s.key = f.key;
-        s.value = f.value;
-        s.grad_out = TensorView<const double>::bhsd(go.data(), 1, group, Lq, Dv);
-        if (a.grad_query.data) {
-          dq.resize(std::size_t(nq * D));
-          s.grad_query = TensorView<double>::bhsd(dq.data(), 1, group, Lq, D);
-        }
-        // dK, dV go straight to the float outputs, one key tile at a time.
-        s.kernel = a.kernel;
-        s.temperature = f.temperature;
-        s.visibility = vis;
-        backward_head<double, Continuum>(s, sm.data(), sl.data(), 0, 0, scale, ws, rows, dl.data(), &a, b, hk);
-        for (index_t g = 0; g < group; ++g)
-          for (index_t i = 0; i < Lq; ++i) {
-            const index_t h = hk * group + g, r = g * Lq + i;
-            if (a.grad_query.data) {
-              float* dst = a.grad_query.row(b, h, i);
-              for (index_t d = 0; d < D; ++d) dst[d] = float(dq[std::size_t(r * D + d)]);
-            }
-            if (a.grad_temperature)
-              dtau_rows[std::size_t((b * Hq + h) * Lq + i)] = -rows[std::size_t(g)].dts[std::size_t(i)] /
-                                                              rows[std::size_t(g)].tau[std::size_t(i)];
-          }
-      }
-    }
-  }
-  if (a.grad_temperature) write_grad_temperature(a, dtau_rows);
-  return true;
-}
-
-/// Entry points: float storage computes in double unless args.float_arithmetic.
+/// Entry points (backends/cpu.hpp calls them when args.float_arithmetic):
+/// arithmetic in the storage type T. Return false, having written nothing,
+/// when the inputs do not suit the tiled kernels.
 template <class T, bool Continuum>
 bool flash_forward(const ForwardArgs<T>& a, double scale) {
-  if constexpr (std::is_same<T, float>::value)
-    if (!a.float_arithmetic) return forward_via_double<Continuum>(a, scale);
   return forward_native<T, Continuum>(a, scale);
 }
 template <class T, bool Continuum>
 bool flash_backward(const BackwardArgs<T>& a, double scale) {
-  if constexpr (std::is_same<T, float>::value)
-    if (!a.float_arithmetic) return backward_via_double<Continuum>(a, scale);
   return backward_native<T, Continuum>(a, scale);
 }
 
