@@ -8,7 +8,8 @@
 // Per tile:
 //   S  = (c_i q_i) · K_tileᵀ               tile GEMM (c_i = scale / τ_i folded into q)
 //   running row max m_i, rescale of the accumulators (online softmax);
-//   W  = stencil weights α_ij e^{-m_i}     vectorised, branch-free (vector_moments.hpp)
+//   W  = stencil weights α_ij e^{-m_i}     one fused vector pass per row: exp,
+//                                          segment weights (vector_moments.hpp), sum
 //   O += W · V                             tile GEMM (tile_gemm.hpp)
 // Continuum's stencil needs each key's two neighbours: column 0 of a score tile
 // is the halo (the previous tile's last key), carried over from the previous
@@ -21,8 +22,9 @@
 // that head and dQ of every query head of its GQA group, and walks key tiles
 // (outer) × query tiles (inner) in a fixed order, so results are bitwise
 // independent of the thread count and there are no atomics. Per tile, with one
-// halo key on each side (so every key of the tile sees both neighbours):
-//   S, dP = dO · Vᵀ (GEMMs, kBc + 2 columns), E = e^{s - lse}, g = dP - Dl,
+// halo key on each side (so every key of the tile sees both neighbours; key
+// tiles of kBc - 2 keys, so that S and dP are kBc columns):
+//   S, dP = dO · Vᵀ (GEMMs, kBc columns), E = e^{s - lse}, g = dP - Dl (Dl = dO·o),
 //   P (α / Z), dS (tridiagonal stencil), dV += Pᵀ dO, dK += dSᵀ (c q), dQ += dS K.
 // The Lq × Lk matrices are never stored: memory is O(tiles + rows).
 //
@@ -483,7 +485,7 @@ struct ForwardWorkspace {
   RowMatrix<T> q;       // kBr × D, rows scaled by c_i
   RowMatrix<T> kt;      // D × kBc: the key tile transposed (packed)
   RowMatrix<T> s;       // kBr × (kBc + 1 + pad): column 0 = halo key, column kBc carries the next halo
-  RowMatrix<T> w;       // kBr × (kBc + 1): weights α e^{-m}
+  RowMatrix<T> w;       // kBr × (kBc + 1 + pad): weights α e^{-m} (vector tails write the pad)
   RowMatrix<T> o;       // kBr × Dv accumulators
   std::vector<T> m, l;
   std::vector<RowRange> range;
