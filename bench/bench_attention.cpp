@@ -225,6 +225,28 @@ const char* vis_name(Vis v) {
   return v == Vis::full ? "full" : v == Vis::causal ? "causal" : "window";
 }
 
+/// The backward's arguments for a forward call `fa` on problem p: same inputs,
+/// kernel, temperature, visibility, threads and arithmetic; gradients into p.
+template <class T>
+continuum::BackwardArgs<T> backward_args(const continuum::ForwardArgs<T>& fa, Problem<T>& p) {
+  continuum::BackwardArgs<T> ba;
+  ba.query = fa.query;
+  ba.key = fa.key;
+  ba.value = fa.value;
+  ba.out = p.cview(p.o);
+  ba.grad_out = p.cview(p.dout);
+  ba.lse = p.lse.data();
+  ba.grad_query = p.view(p.dq);
+  ba.grad_key = p.view(p.dk);
+  ba.grad_value = p.view(p.dv);
+  ba.kernel = fa.kernel;
+  ba.temperature = fa.temperature;
+  ba.visibility = fa.visibility;
+  ba.num_threads = fa.num_threads;
+  ba.float_arithmetic = fa.float_arithmetic;
+  return ba;
+}
+
 template <class T>
 void set_counters(benchmark::State& st, double flops, double bytes, int threads) {
   st.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
@@ -258,23 +280,7 @@ void BM_attention(benchmark::State& st, continuum::Kernel kernel, Vis vis, bool 
   fa.num_threads = threads;
   fa.float_arithmetic = float_arith;
 
-  continuum::BackwardArgs<T> ba;
-  if (backward) {
-    ba.query = fa.query;
-    ba.key = fa.key;
-    ba.value = fa.value;
-    ba.out = p.cview(p.o);
-    ba.grad_out = p.cview(p.dout);
-    ba.lse = p.lse.data();
-    ba.grad_query = p.view(p.dq);
-    ba.grad_key = p.view(p.dk);
-    ba.grad_value = p.view(p.dv);
-    ba.kernel = kernel;
-    ba.temperature = fa.temperature;
-    ba.visibility = fa.visibility;
-    ba.num_threads = threads;
-    ba.float_arithmetic = float_arith;
-  }
+  const continuum::BackwardArgs<T> ba = backward ? backward_args(fa, p) : continuum::BackwardArgs<T>{};
 
   continuum::attention_forward(continuum::cpu, fa);  // warm-up
   for (auto _ : st) {
@@ -428,19 +434,7 @@ int memory_probe(long n, long d, bool float_arith) {
   continuum::attention_forward(continuum::cpu, fa);
   const auto t1 = std::chrono::steady_clock::now();
   const long after_fwd = peak_rss_kib();
-  continuum::BackwardArgs<float> ba;
-  ba.query = fa.query;
-  ba.key = fa.key;
-  ba.value = fa.value;
-  ba.out = p.cview(p.o);
-  ba.grad_out = p.cview(p.dout);
-  ba.lse = p.lse.data();
-  ba.grad_query = p.view(p.dq);
-  ba.grad_key = p.view(p.dk);
-  ba.grad_value = p.view(p.dv);
-  ba.visibility = fa.visibility;
-  ba.num_threads = 2;
-  ba.float_arithmetic = float_arith;
+  const continuum::BackwardArgs<float> ba = backward_args(fa, p);
   continuum::attention_backward(continuum::cpu, ba);
   const auto t2 = std::chrono::steady_clock::now();
   const long after_bwd = peak_rss_kib();
