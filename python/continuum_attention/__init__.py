@@ -1,0 +1,13 @@
+"""Continuum Attention (CA) as a PyTorch operator.
+
+``continuum_attention.attention(query, key, value, ...)`` computes Continuum
+Attention, or the softmax / focal baselines through the same operator, with the
+header-only C++ library of this repository (SPEC.md §3-§8) as its CPU kernel
+and the library's analytic backward as its gradient. See ``attention`` for
+shapes, dtypes and errors, and the "PyTorch" section of the repository's
+README.md for installation and a usage example.
+"""
+from ._ops import attention, supported_dtypes
+
+__all__ = ["attention", "supported_dtypes"]
+__version__ = "0.1.0"

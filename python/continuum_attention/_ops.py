@@ -1,0 +1,193 @@
+"""The operator: schema and kernels in C++ (src/ops.cpp, TORCH_LIBRARY
+namespace ``continuum``), fake kernels and autograd registered here."""
+from __future__ import annotations
+
+import numbers
+from typing import Optional, Tuple, Union
+
+import torch
+
+from . import _C  # noqa: F401  (loads the library: registers torch.ops.continuum.*)
+
+_KERNELS = ("continuum", "softmax", "focal")
+
+
+def supported_dtypes(device: Union[str, torch.device] = "cpu") -> Tuple[torch.dtype, ...]:
+    """The storage dtypes the operator accepts on ``device`` (CPU: float32, float64)."""
+    if torch.device(device).type == "cpu":
+        return (torch.float32, torch.float64)
+    return ()
+
+
+# --------------------------------------------------------------------------
+# Fake (meta) kernels: shapes only, for torch.compile / FakeTensor / meta.
+# --------------------------------------------------------------------------
+@torch.library.register_fake("continuum::forward")
+def _forward_fake(query, key, value, kernel, causal, window_left, window_right, range_lo,
+                  range_hi, temperature, temperature_value, scale):
+    torch._check(query.dim() == 4 and key.dim() == 4 and value.dim() == 4,
+                 lambda: "continuum_attention: query, key, value must be 4-D")
+    B, Hq, Lq, _ = query.shape
+    out = query.new_empty((B, Hq, Lq, value.shape[3]))
+    lse = query.new_empty((B, Hq, Lq))
+    return out, lse
+
+
+@torch.library.register_fake("continuum::backward")
+def _backward_fake(grad_out, query, key, value, out, lse, kernel, causal, window_left,
+                   window_right, range_lo, range_hi, temperature, temperature_value, scale):
+    dt = query.new_empty(temperature.shape) if temperature is not None else query.new_empty((0,))
+    return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape),
+            dt)
+
+
+# --------------------------------------------------------------------------
+# Autograd: the C++ analytic backward (SPEC §6), not autograd through Python.
+# --------------------------------------------------------------------------
+def _setup_context(ctx, inputs, output):
+    (query, key, value, kernel, causal, window_left, window_right, range_lo, range_hi,
+     temperature, temperature_value, scale) = inputs
+    out, lse = output
+    ctx.save_for_backward(query, key, value, out, lse, range_lo, range_hi, temperature)
+    ctx.options = (kernel, causal, window_left, window_right, temperature_value, scale)
+    # lse is returned for inspection and for the CUDA backward; the library has
+    # no gradient for it (use `out`).
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    query, key, value, out, lse, range_lo, range_hi, temperature = ctx.saved_tensors
+    kernel, causal, window_left, window_right, temperature_value, scale = ctx.options
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv, dt = torch.ops.continuum.backward(
+        grad_out, query, key, value, out, lse, kernel, causal, window_left, window_right,
+        range_lo, range_hi, temperature, temperature_value, scale)
+    return (dq, dk, dv, None, None, None, None, None, None,
+            dt if temperature is not None else None, None, None)
+
+
+torch.library.register_autograd("continuum::forward", _backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------
+# Public entry point.
+# --------------------------------------------------------------------------
+def _check_inputs(query, key, value):
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"continuum_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"continuum_attention: {name} must be 4-D [batch, heads, seq, dim], "
+                             f"got shape {tuple(t.shape)}")
+    for name, t in (("key", key), ("value", value)):
+        if t.device != query.device:
+            raise ValueError(f"continuum_attention: {name} is on {t.device} but query is on "
+                             f"{query.device} (all tensors must be on one device)")
+        if t.dtype != query.dtype:
+            raise ValueError(f"continuum_attention: {name} has dtype {t.dtype} but query has "
+                             f"{query.dtype} (query, key and value share one dtype)")
+    if query.device.type == "cpu" and query.dtype not in supported_dtypes("cpu"):
+        raise ValueError(f"continuum_attention: the CPU backend supports float32 and float64, "
+                         f"got {query.dtype} (16-bit storage is not available on the CPU yet)")
+
+
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    kernel: str = "continuum",
+    causal: bool = False,
+    window: Tuple[int, int] = (-1, -1),
+    ranges: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    temperature: Union[float, torch.Tensor] = 1.0,
+    scale: Optional[float] = None,
+    return_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Continuum Attention, or softmax / focal attention, over [B, H, L, D] tensors.
+
+    out_i = Σ_j P_ij v_j with P_ij = α_ij / Σ_j α_ij and scores
+    s_ij = scale / τ · q_i·k_j; α is the continuum stencil of SPEC §4
+    (``kernel="continuum"``) or exp(s_ij) (``"softmax"``; ``"focal"`` is softmax
+    with the given temperature, SPEC §8). Differentiable in query, key, value
+    and a tensor temperature; the gradient is the library's analytic backward
+    (SPEC §6), computed in C++.
+
+    Args:
+        query: [B, Hq, Lq, D].
+        key: [B, Hk, Lk, D]; Hq must be a multiple of Hk (GQA/MQA: query head h
+            uses key/value head h // (Hq // Hk)).
+        value: [B, Hk, Lk, Dv] (Dv may differ from D, Lk from Lq).
+            Any strides with a contiguous last axis (stride 1) are used in place,
+            without copies (BHSD, BSHD via ``.transpose(1, 2)``, slices of packed
+            QKV). One device, one dtype: float32 or float64 on the CPU.
+        kernel: "continuum" (default), "softmax" or "focal".
+        causal: bottom-right aligned causal mask (SPEC §3): query i sees keys
+            j ≤ i + Lk - Lq (PyTorch's ``causal_lower_right``; equal to
+            ``is_causal=True`` of ``scaled_dot_product_attention`` when Lq == Lk).
+        window: (left, right) sliding window around the diagonal key
+            d_i = i + Lk - Lq: keys d_i - left ≤ j ≤ d_i + right; a negative
+            bound is unlimited on that side (FlashAttention's ``window_size``).
+            Intersected with ``causal``. Default (-1, -1): no window.
+        ranges: optional (lo, hi), integer tensors [B, Lq] on the query's
+            device: query i of batch b sees keys [lo[b, i], hi[b, i]), with
+            0 ≤ lo ≤ hi ≤ Lk; intersected with causal and window (padding,
+            packed documents). ``lo == hi`` is an empty row.
+        temperature: τ > 0, a number or a tensor of the query's dtype and
+            device: 0-d, per head [Hq], or per query [B, Hq, Lq]. A tensor that
+            requires grad receives dτ in its own shape.
+        scale: softmax scale (> 0); default 1/sqrt(D).
+        return_lse: also return lse.
+
+    Returns:
+        out [B, Hq, Lq, Dv] (contiguous, query's dtype), or (out, lse) with
+        lse [B, Hq, Lq] = log Z_i in natural-log score units (-inf for a row that
+        sees no key; that row's out is 0 and its gradients are 0). lse is not
+        differentiable.
+
+    Raises:
+        ValueError: wrong ranks, mismatched shapes/heads, non-contiguous last
+            axis, τ ≤ 0 or non-finite, scale ≤ 0, ranges out of [0, Lk] or
+            lo > hi, unknown kernel, mixed devices or dtypes, unsupported dtype
+            (e.g. bfloat16 on the CPU). Messages from the C++ library start
+            with "continuum::attention_forward:" and name the argument.
+        TypeError: a non-tensor query/key/value, or a bad option type.
+        NotImplementedError: a device without a kernel (the CUDA operator is
+            not part of this build).
+
+    Notes:
+        Deterministic for a given ``torch.get_num_threads()`` (the library's
+        results are bitwise independent of the thread count). Inputs are
+        never written. Works under torch.compile (fullgraph), DDP and FSDP as
+        an ordinary differentiable operator. Cost O(B·Hq·Lq·Lk·(D + Dv));
+        memory O(B·Hq·Lq) besides the output.
+    """
+    _check_inputs(query, key, value)
+    if kernel not in _KERNELS:
+        raise ValueError(f"continuum_attention: kernel must be one of {_KERNELS}, got {kernel!r}")
+    try:
+        window_left, window_right = (int(w) for w in window)
+    except (TypeError, ValueError):
+        raise TypeError(f"continuum_attention: window must be a pair of ints (left, right), "
+                        f"got {window!r}") from None
+    range_lo = range_hi = None
+    if ranges is not None:
+        if not (isinstance(ranges, (tuple, list)) and len(ranges) == 2
+                and all(isinstance(r, torch.Tensor) for r in ranges)):
+            raise TypeError("continuum_attention: ranges must be a pair (lo, hi) of integer "
+                            "tensors [B, Lq]")
+        range_lo, range_hi = ranges
+    if isinstance(temperature, torch.Tensor):
+        temp_tensor, temp_value = temperature, 1.0
+    elif isinstance(temperature, numbers.Real) and not isinstance(temperature, bool):
+        temp_tensor, temp_value = None, float(temperature)
+    else:
+        raise TypeError(f"continuum_attention: temperature must be a number or a tensor, "
+                        f"got {type(temperature).__name__}")
+    if scale is not None:
+        scale = float(scale)
+    out, lse = torch.ops.continuum.forward(
+        query, key, value, kernel, bool(causal), window_left, window_right, range_lo, range_hi,
+        temp_tensor, temp_value, scale)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,292 @@
+// ops.cpp — PyTorch operators over the header-only library (issue 10).
+//
+// Registers, with TORCH_LIBRARY, two operators in the namespace `continuum`:
+//   continuum::forward  -> (out [B,Hq,Lq,Dv], lse [B,Hq,Lq])
+//   continuum::backward -> (dq, dk, dv, dtemperature)
+// and their CPU kernels, which call continuum::attention_forward /
+// attention_backward on strided views of the tensors' own memory (no copies
+// of query/key/value; only the last axis must be contiguous). The Python
+// package (continuum_attention/_ops.py) adds the fake (meta) kernels and ties
+// backward to forward with torch.library.register_autograd.
+//
+// Errors: the library's std::invalid_argument (naming the argument and the
+// expected shape) and our own argument checks are raised as c10::ValueError,
+// which Python sees as ValueError. Inputs are never written.
+#include <Python.h>  // only for the module init stub at the bottom
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <continuum/continuum.hpp>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
+
+namespace continuum_torch {
+namespace {
+
+using at::Tensor;
+using continuum::index_t;
+
+constexpr const char* kWho = "continuum_attention";
+
+continuum::Kernel parse_kernel(std::string_view name) {
+  if (name == "continuum") return continuum::Kernel::continuum;
+  if (name == "softmax") return continuum::Kernel::softmax;
+  if (name == "focal") return continuum::Kernel::focal;
+  TORCH_CHECK_VALUE(false, kWho, ": kernel must be \"continuum\", \"softmax\" or \"focal\", got \"",
+                    std::string(name), "\"");
+}
+
+void check_tensor(const Tensor& t, const char* name, int64_t rank, const Tensor& query) {
+  TORCH_CHECK_VALUE(t.defined(), kWho, ": ", name, " is undefined");
+  TORCH_CHECK_VALUE(t.dim() == rank, kWho, ": ", name, " must have ", rank, " dimensions, got ",
+                    t.dim(), " (shape ", t.sizes(), ")");
+  TORCH_CHECK_VALUE(t.device() == query.device(), kWho, ": ", name, " is on ", t.device(),
+                    " but query is on ", query.device(), " (all tensors must be on one device)");
+  TORCH_CHECK_VALUE(t.scalar_type() == query.scalar_type(), kWho, ": ", name, " has dtype ",
+                    t.scalar_type(), " but query has ", query.scalar_type(),
+                    " (query, key, value, grad and a tensor temperature share one dtype)");
+}
+
+void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
+  TORCH_CHECK_VALUE(q.defined(), kWho, ": query is undefined");
+  TORCH_CHECK_VALUE(q.dim() == 4, kWho, ": query must be [B, Hq, Lq, D] (4 dimensions), got ",
+                    q.dim(), " (shape ", q.sizes(), ")");
+  TORCH_CHECK_VALUE(q.device().is_cpu(), kWho, ": this kernel runs on the CPU, query is on ",
+                    q.device());
+  const auto st = q.scalar_type();
+  TORCH_CHECK_VALUE(st == at::kFloat || st == at::kDouble, kWho,
+                    ": the CPU backend supports float32 and float64, got ", st,
+                    " (16-bit storage is not available on the CPU yet)");
+  check_tensor(k, "key", 4, q);
+  check_tensor(v, "value", 4, q);
+}
+
+/// A view of `t` ([B, H, L, D]) for the library; strides copied as they are
+/// (the library rejects a non-unit last stride with its own message). A
+/// length-1 last axis has no meaningful stride in PyTorch: use 1.
+template <class T>
+continuum::TensorView<T> view(const Tensor& t) {
+  const index_t sd = t.size(3) == 1 ? 1 : t.stride(3);
+  return {static_cast<T*>(t.data_ptr()), t.size(0), t.size(1), t.size(2), t.size(3),
+          t.stride(0), t.stride(1), t.stride(2), sd};
+}
+
+/// Everything that is not a tensor being differentiated: resolved once,
+/// shared by the forward and the backward.
+struct Options {
+  continuum::Kernel kernel = continuum::Kernel::continuum;
+  continuum::Visibility vis{};
+  Tensor range_lo, range_hi;  // int64, contiguous [B, Lq], kept alive here
+  Tensor temperature;         // contiguous, or undefined for a number
+  double temperature_value = 1.0;
+  continuum::TemperatureShape temperature_shape = continuum::TemperatureShape::scalar;
+  std::optional<double> scale;
+};
+
+// TEMPORARY until main's Visibility{window_left, window_right} is merged:
+// the old field `window` (W keys counting the diagonal, causal only) is
+// (W - 1, 0); anything else is refused.
+template <class V>
+auto set_window(V& vis, int64_t left, int64_t right) -> decltype(vis.window_left, void()) {
+  vis.window_left = left;
+  vis.window_right = right;
+}
+template <class V, class... Ignored>
+void set_window(V& vis, int64_t left, int64_t right, Ignored...) {
+  if (left < 0 && right < 0) return;
+  TORCH_CHECK_VALUE(vis.causal && right <= 0 && left >= 0, kWho,
+                    ": window (left, right) other than (W-1, 0) with causal needs the new library");
+  vis.window = left + 1;
+}
+
+Tensor ranges_as_int64(const std::optional<Tensor>& r, const char* name, const Tensor& q) {
+  const Tensor& t = *r;
+  TORCH_CHECK_VALUE(t.device() == q.device(), kWho, ": ", name, " is on ", t.device(),
+                    " but query is on ", q.device());
+  TORCH_CHECK_VALUE(!at::isFloatingType(t.scalar_type()) && !at::isComplexType(t.scalar_type()) &&
+                        t.scalar_type() != at::kBool,
+                    kWho, ": ", name, " must be an integer tensor, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == 2 && t.size(0) == q.size(0) && t.size(1) == q.size(2), kWho, ": ",
+                    name, " must have shape [B, Lq] = [", q.size(0), ", ", q.size(2), "], got ",
+                    t.sizes());
+  return t.to(at::kLong).contiguous();  // a small index tensor; copied only if needed
+}
+
+Options make_options(const Tensor& q, std::string_view kernel, bool causal, int64_t window_left,
+                     int64_t window_right, const std::optional<Tensor>& range_lo,
+                     const std::optional<Tensor>& range_hi,
+                     const std::optional<Tensor>& temperature, double temperature_value,
+                     std::optional<double> scale) {
+  Options o;
+  o.kernel = parse_kernel(kernel);
+  o.vis.causal = causal;
+  set_window(o.vis, window_left, window_right);
+  TORCH_CHECK_VALUE(range_lo.has_value() == range_hi.has_value(), kWho,
+                    ": ranges: give both lo and hi ([B, Lq] integer tensors) or neither");
+  if (range_lo) {
+    o.range_lo = ranges_as_int64(range_lo, "ranges[0] (lo)", q);
+    o.range_hi = ranges_as_int64(range_hi, "ranges[1] (hi)", q);
+    o.vis.range_lo = o.range_lo.data_ptr<int64_t>();
+    o.vis.range_hi = o.range_hi.data_ptr<int64_t>();
+  }
+  if (temperature) {
+    const Tensor& t = *temperature;
+    TORCH_CHECK_VALUE(t.device() == q.device(), kWho, ": temperature is on ", t.device(),
+                      " but query is on ", q.device());
+    TORCH_CHECK_VALUE(t.scalar_type() == q.scalar_type(), kWho, ": temperature has dtype ",
+                      t.scalar_type(), " but query has ", q.scalar_type());
+    const int64_t B = q.size(0), Hq = q.size(1), Lq = q.size(2);
+    if (t.dim() == 0) {
+      o.temperature_shape = continuum::TemperatureShape::scalar;
+    } else if (t.dim() == 1 && t.size(0) == Hq) {
+      o.temperature_shape = continuum::TemperatureShape::per_head;
+    } else if (t.dim() == 3 && t.size(0) == B && t.size(1) == Hq && t.size(2) == Lq) {
+      o.temperature_shape = continuum::TemperatureShape::per_query;
+    } else {
+      TORCH_CHECK_VALUE(false, kWho, ": temperature must be a number, a 0-d tensor, [Hq] = [", Hq,
+                        "] or [B, Hq, Lq] = [", B, ", ", Hq, ", ", Lq, "], got shape ", t.sizes());
+    }
+    o.temperature = t.contiguous();
+    if (o.temperature_shape == continuum::TemperatureShape::scalar)
+      o.temperature_value = o.temperature.item<double>();
+  } else {
+    o.temperature_value = temperature_value;
+  }
+  o.scale = scale;
+  return o;
+}
+
+template <class T>
+continuum::Temperature<T> temperature_of(const Options& o) {
+  continuum::Temperature<T> t;
+  t.shape = o.temperature_shape;
+  t.value = static_cast<T>(o.temperature_value);
+  if (o.temperature.defined() && t.shape != continuum::TemperatureShape::scalar)
+    t.data = o.temperature.data_ptr<T>();
+  return t;
+}
+
+/// Runs `f`, turning the library's std::invalid_argument into a ValueError.
+template <class F>
+void call_library(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+}
+
+std::tuple<Tensor, Tensor> forward_cpu(const Tensor& query, const Tensor& key, const Tensor& value,
+                                       c10::string_view kernel, bool causal, int64_t window_left,
+                                       int64_t window_right,
+                                       const std::optional<Tensor>& range_lo,
+                                       const std::optional<Tensor>& range_hi,
+                                       const std::optional<Tensor>& temperature,
+                                       double temperature_value, std::optional<double> scale) {
+  check_qkv(query, key, value);
+  const Options o = make_options(query, std::string_view(kernel.data(), kernel.size()), causal,
+                                 window_left, window_right, range_lo, range_hi, temperature,
+                                 temperature_value, scale);
+  const int64_t B = query.size(0), Hq = query.size(1), Lq = query.size(2), Dv = value.size(3);
+  Tensor out = at::empty({B, Hq, Lq, Dv}, query.options());
+  Tensor lse = at::empty({B, Hq, Lq}, query.options());
+  AT_DISPATCH_FLOATING_TYPES(query.scalar_type(), "continuum::forward", [&] {
+    continuum::ForwardArgs<scalar_t> a;
+    a.query = view<const scalar_t>(query);
+    a.key = view<const scalar_t>(key);
+    a.value = view<const scalar_t>(value);
+    a.out = view<scalar_t>(out);
+    a.lse = lse.data_ptr<scalar_t>();
+    a.kernel = o.kernel;
+    a.temperature = temperature_of<scalar_t>(o);
+    a.scale = o.scale;
+    a.visibility = o.vis;
+    a.num_threads = at::get_num_threads();  // deterministic for a given thread count
+    call_library([&] { continuum::attention_forward(continuum::cpu, a); });
+  });
+  return {out, lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(
+    const Tensor& grad_out_in, const Tensor& query, const Tensor& key, const Tensor& value,
+    const Tensor& out, const Tensor& lse, c10::string_view kernel, bool causal,
+    int64_t window_left, int64_t window_right, const std::optional<Tensor>& range_lo,
+    const std::optional<Tensor>& range_hi, const std::optional<Tensor>& temperature,
+    double temperature_value, std::optional<double> scale) {
+  check_qkv(query, key, value);
+  check_tensor(out, "out", 4, query);
+  check_tensor(grad_out_in, "grad_out", 4, query);
+  check_tensor(lse, "lse", 3, query);
+  // Autograd hands in expanded (stride-0) or transposed gradients; the library
+  // needs a contiguous last axis, so make one for dO (ours, not the user's).
+  const Tensor grad_out =
+      grad_out_in.size(3) > 1 && grad_out_in.stride(3) != 1 ? grad_out_in.contiguous() : grad_out_in;
+  const Options o = make_options(query, std::string_view(kernel.data(), kernel.size()), causal,
+                                 window_left, window_right, range_lo, range_hi, temperature,
+                                 temperature_value, scale);
+  Tensor dq = at::empty(query.sizes(), query.options());
+  Tensor dk = at::empty(key.sizes(), key.options());
+  Tensor dv = at::empty(value.sizes(), value.options());
+  Tensor dt = o.temperature.defined() ? at::empty(o.temperature.sizes(), query.options())
+                                      : at::empty({0}, query.options());
+  const Tensor lse_c = lse.contiguous();
+  AT_DISPATCH_FLOATING_TYPES(query.scalar_type(), "continuum::backward", [&] {
+    continuum::BackwardArgs<scalar_t> a;
+    a.query = view<const scalar_t>(query);
+    a.key = view<const scalar_t>(key);
+    a.value = view<const scalar_t>(value);
+    a.out = view<const scalar_t>(out);
+    a.grad_out = view<const scalar_t>(grad_out);
+    a.lse = lse_c.data_ptr<scalar_t>();
+    a.grad_query = view<scalar_t>(dq);
+    a.grad_key = view<scalar_t>(dk);
+    a.grad_value = view<scalar_t>(dv);
+    a.grad_temperature = o.temperature.defined() ? dt.data_ptr<scalar_t>() : nullptr;
+    a.kernel = o.kernel;
+    a.temperature = temperature_of<scalar_t>(o);
+    a.scale = o.scale;
+    a.visibility = o.vis;
+    a.num_threads = at::get_num_threads();
+    call_library([&] { continuum::attention_backward(continuum::cpu, a); });
+  });
+  return {dq, dk, dv, dt};
+}
+
+}  // namespace
+}  // namespace continuum_torch
+
+TORCH_LIBRARY(continuum, m) {
+  m.def(
+      "forward(Tensor query, Tensor key, Tensor value, str kernel, bool causal, "
+      "int window_left, int window_right, Tensor? range_lo, Tensor? range_hi, "
+      "Tensor? temperature, float temperature_value, float? scale) -> (Tensor, Tensor)");
+  m.def(
+      "backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, Tensor lse, "
+      "str kernel, bool causal, int window_left, int window_right, Tensor? range_lo, "
+      "Tensor? range_hi, Tensor? temperature, float temperature_value, float? scale) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(continuum, CPU, m) {
+  m.impl("forward", &continuum_torch::forward_cpu);
+  m.impl("backward", &continuum_torch::backward_cpu);
+}
+
+// `import continuum_attention._C` loads this library (and so runs the
+// registrations above); the module itself has no Python functions.
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr,
+                            nullptr, nullptr, nullptr, nullptr};
+  return PyModule_Create(&def);
+}
