@@ -1,0 +1,87 @@
+"""kernel="continuum" (and the baselines) equal the C++ library called
+directly, bit for bit: the `continuum-attn` CLI built by CMake runs on the
+same .npy inputs. scripts/test sets CONTINUUM_ATTN_CLI to its path; without
+it these tests skip."""
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+import continuum_attention as ca
+from conftest import uniform
+
+CLI = os.environ.get("CONTINUUM_ATTN_CLI")
+pytestmark = pytest.mark.skipif(not CLI or not os.access(CLI, os.X_OK),
+                                reason="CONTINUUM_ATTN_CLI (path to continuum-attn) not set")
+
+CASES = [
+    dict(kernel="continuum"),
+    dict(kernel="continuum", causal=True, temperature=0.3),
+    dict(kernel="continuum", causal=True, lq=7, temperature="head"),
+    dict(kernel="continuum", ranges=True, temperature="query"),
+    dict(kernel="continuum", causal=True, window=(3, 0)),
+    dict(kernel="softmax", causal=True, scale=0.5),
+    dict(kernel="focal", temperature=0.4),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_bitwise_equal_to_cli(tmp_path, case, dtype):
+    B, Hq, Hk, Lk, D, Dv = 2, 4, 2, 13, 8, 5
+    Lq = case.get("lq", Lk)
+    q = uniform(B, Hq, Lq, D, dtype=dtype, requires_grad=True)
+    k = uniform(B, Hk, Lk, D, dtype=dtype, requires_grad=True)
+    v = uniform(B, Hk, Lk, Dv, dtype=dtype, requires_grad=True)
+    do = uniform(B, Hq, Lq, Dv, dtype=dtype)
+    args = [CLI, "--kernel", case["kernel"], "--out", str(tmp_path / "out"), "--threads", "1"]
+    kw = dict(kernel=case["kernel"])
+    for n, t in (("q", q), ("k", k), ("v", v), ("do", do)):
+        np.save(tmp_path / f"{n}.npy", t.detach().numpy())
+        args += [f"--{n}", str(tmp_path / f"{n}.npy")]
+    if case.get("causal"):
+        kw["causal"] = True
+        args.append("--causal")
+    if "window" in case:
+        left, right = case["window"]
+        assert right == 0 and case.get("causal")
+        kw["window"] = case["window"]
+        args += ["--window", str(left + 1)]  # the CLI's W keys counting the diagonal = (W-1, 0)
+    if "scale" in case:
+        kw["scale"] = case["scale"]
+        args += ["--scale", repr(case["scale"])]
+    t = case.get("temperature")
+    if t == "head":
+        t = (torch.rand(Hq, dtype=dtype) + 0.25).requires_grad_()
+    elif t == "query":
+        t = (torch.rand(B, Hq, Lq, dtype=dtype) + 0.25).requires_grad_()
+    if isinstance(t, torch.Tensor):
+        np.save(tmp_path / "t.npy", t.detach().numpy())
+        args += ["--temperature", str(tmp_path / "t.npy")]
+        kw["temperature"] = t
+    elif t is not None:
+        kw["temperature"] = t
+        args += ["--temperature", repr(t)]
+    if case.get("ranges"):
+        lo = torch.randint(0, Lk // 2, (B, Lq))
+        hi = torch.minimum(lo + torch.randint(0, Lk, (B, Lq)), torch.tensor(Lk))
+        np.save(tmp_path / "lo.npy", lo.numpy())
+        np.save(tmp_path / "hi.npy", hi.numpy())
+        args += ["--ranges", str(tmp_path / "lo.npy"), str(tmp_path / "hi.npy")]
+        kw["ranges"] = (lo, hi)
+    res = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+
+    out, lse = ca.attention(q, k, v, return_lse=True, **kw)
+    inputs = [q, k, v] + ([t] if isinstance(t, torch.Tensor) else [])
+    grads = torch.autograd.grad(out, inputs, do)
+    load = lambda n: torch.from_numpy(np.load(tmp_path / "out" / f"{n}.npy"))
+    expected = [("o", out), ("lse", lse), ("dq", grads[0]), ("dk", grads[1]), ("dv", grads[2])]
+    if isinstance(t, torch.Tensor):
+        expected.append(("dtemp", grads[3]))
+    for name, ours in expected:
+        theirs = load(name)
+        assert theirs.dtype == ours.dtype and theirs.shape == ours.shape, name
+        assert torch.equal(ours.detach(), theirs), name  # bitwise (no NaN here)
