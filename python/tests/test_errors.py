@@ -1,0 +1,126 @@
+"""Bad input raises a clear exception naming the problem, and writes nothing
+to the inputs."""
+import pytest
+import torch
+
+import continuum_attention as ca
+from conftest import uniform
+
+B, H, L, D = 2, 4, 6, 8
+
+
+def qkv(dtype=torch.float64):
+    return uniform(B, H, L, D, dtype=dtype), uniform(B, 2, L, D, dtype=dtype), uniform(B, 2, L, D, dtype=dtype)
+
+
+def raises(exc, match, fn):
+    q, k, v = qkv()
+    before = [t.clone() for t in (q, k, v)]
+    with pytest.raises(exc, match=match):
+        fn(q, k, v)
+    for t, b in zip((q, k, v), before):
+        assert torch.equal(t, b)
+
+
+def test_wrong_rank():
+    raises(ValueError, r"query must be 4-D", lambda q, k, v: ca.attention(q[0], k, v))
+    raises(ValueError, r"value must be 4-D", lambda q, k, v: ca.attention(q, k, v[..., None]))
+
+
+def test_mismatched_heads():
+    raises(ValueError, r"heads must divide query heads.*Hq = 4.*Hk = 3",
+           lambda q, k, v: ca.attention(q, k.expand(B, 2, L, D)[:, :1].repeat(1, 3, 1, 1), v))
+
+
+def test_mismatched_shapes():
+    raises(ValueError, r"key: expected shape \[B, Hk, Lk, D\]",
+           lambda q, k, v: ca.attention(q, k[..., :4], v))
+    raises(ValueError, r"value: expected shape \[B, Hk, Lk, Dv\]",
+           lambda q, k, v: ca.attention(q, k, v[:, :, :3]))
+
+
+def test_non_contiguous_last_dim():
+    raises(ValueError, r"query: the dim \(last\) axis must be contiguous",
+           lambda q, k, v: ca.attention(q[..., ::2], k[..., ::2], v))
+    # [B, H, D, L] seen as [B, H, L, D] through a transpose: last stride L
+    raises(ValueError, r"key: the dim \(last\) axis must be contiguous",
+           lambda q, k, v: ca.attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), v))
+
+
+def test_negative_temperature():
+    raises(ValueError, r"temperature: must be finite and > 0, got -0.5",
+           lambda q, k, v: ca.attention(q, k, v, temperature=-0.5))
+    t = torch.tensor([0.5, 1.0, -1.0, 2.0], dtype=torch.float64)
+    raises(ValueError, r"temperature\[2\] \(per_head, shape \[Hq\]\): must be finite and > 0",
+           lambda q, k, v: ca.attention(q, k, v, temperature=t))
+    raises(ValueError, r"temperature: must be finite and > 0, got nan",
+           lambda q, k, v: ca.attention(q, k, v, temperature=float("nan")))
+
+
+def test_temperature_shape_and_dtype():
+    raises(ValueError, r"temperature must be a number, a 0-d tensor, \[Hq\]",
+           lambda q, k, v: ca.attention(q, k, v, temperature=torch.ones(3, dtype=torch.float64)))
+    raises(ValueError, r"temperature has dtype Float but query has Double",
+           lambda q, k, v: ca.attention(q, k, v, temperature=torch.ones(H)))
+
+
+def test_ranges_out_of_bounds():
+    lo = torch.zeros(B, L, dtype=torch.int64)
+    hi = torch.full((B, L), L, dtype=torch.int64)
+    bad_hi = hi.clone()
+    bad_hi[1, 3] = L + 1
+    raises(ValueError, r"range_lo/range_hi\[1, 3\]: need 0 <= lo <= hi <= Lk = 6, got \[0, 7\)",
+           lambda q, k, v: ca.attention(q, k, v, ranges=(lo, bad_hi)))
+    bad_lo = lo.clone()
+    bad_lo[0, 2] = -1
+    raises(ValueError, r"need 0 <= lo <= hi", lambda q, k, v: ca.attention(q, k, v, ranges=(bad_lo, hi)))
+    raises(ValueError, r"need 0 <= lo <= hi", lambda q, k, v: ca.attention(q, k, v, ranges=(hi, lo)))
+    raises(ValueError, r"ranges\[0\] \(lo\) must have shape \[B, Lq\] = \[2, 6\]",
+           lambda q, k, v: ca.attention(q, k, v, ranges=(lo[:, :3], hi)))
+    raises(ValueError, r"must be an integer tensor",
+           lambda q, k, v: ca.attention(q, k, v, ranges=(lo.double(), hi)))
+
+
+def test_mixed_devices():
+    raises(ValueError, r"key is on meta but query is on cpu",
+           lambda q, k, v: ca.attention(q, k.to("meta"), v))
+
+
+def test_mixed_dtypes():
+    raises(ValueError, r"value has dtype torch.float32 but query has torch.float64",
+           lambda q, k, v: ca.attention(q, k, v.float()))
+
+
+def test_mixed_dtypes_direct_op():
+    """The C++ operator checks too (for callers of torch.ops.continuum.forward)."""
+    raises(ValueError, r"key has dtype Float but query has Double",
+           lambda q, k, v: torch.ops.continuum.forward(q, k.float(), v, "continuum", False, -1, -1,
+                                                       None, None, None, 1.0, None))
+
+
+def test_bfloat16_on_cpu():
+    q, k, v = (t.bfloat16() for t in qkv())
+    with pytest.raises(ValueError, match=r"CPU backend supports float32 and float64, got torch.bfloat16"):
+        ca.attention(q, k, v)
+    with pytest.raises(ValueError, match=r"CPU backend supports float32 and float64, got BFloat16"):
+        torch.ops.continuum.forward(q, k, v, "continuum", False, -1, -1, None, None, None, 1.0, None)
+
+
+def test_bad_options():
+    raises(ValueError, r"kernel must be one of", lambda q, k, v: ca.attention(q, k, v, kernel="linear"))
+    raises(ValueError, r"scale: must be finite and > 0, got -1",
+           lambda q, k, v: ca.attention(q, k, v, scale=-1.0))
+    raises(TypeError, r"window must be a pair", lambda q, k, v: ca.attention(q, k, v, window=3))
+    raises(TypeError, r"temperature must be a number or a tensor",
+           lambda q, k, v: ca.attention(q, k, v, temperature="hot"))
+    raises(TypeError, r"query must be a torch.Tensor",
+           lambda q, k, v: ca.attention(q.numpy(), k, v))
+
+
+def test_no_write_on_success():
+    q, k, v = qkv()
+    q.requires_grad_()
+    before = [t.detach().clone() for t in (q, k, v)]
+    ca.attention(q, k, v, causal=True).sum().backward()
+    for t, b in zip((q, k, v), before):
+        assert torch.equal(t.detach(), b)
