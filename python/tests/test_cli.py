@@ -13,8 +13,11 @@ import continuum_attention as ca
 from conftest import uniform
 
 CLI = os.environ.get("CONTINUUM_ATTN_CLI")
-pytestmark = pytest.mark.skipif(not CLI or not os.access(CLI, os.X_OK),
-                                reason="CONTINUUM_ATTN_CLI (path to continuum-attn) not set")
+pytestmark = pytest.mark.skipif(not CLI, reason="CONTINUUM_ATTN_CLI (path to continuum-attn) not set")
+
+
+def test_cli_exists():
+    assert os.access(CLI, os.X_OK), f"CONTINUUM_ATTN_CLI={CLI} is not an executable"
 
 CASES = [
     dict(kernel="continuum"),
