@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""PyTorch-level benchmark: continuum_attention.attention vs
+torch.nn.functional.scaled_dot_product_attention on the CPU.
+
+Runs, in one process, at batch 1, 8 heads, seq 2048, head_dim 64 (--heads,
+--seq, --dim): forward and forward + backward, full and causal, our
+continuum and softmax kernels in float32, SDPA in float32 and bfloat16 (ours
+has no 16-bit CPU storage), and prints each time with the ratio SDPA fp32 /
+ours (> 1: ours is faster). Then the per-call overhead at batch 1, 1 head,
+seq 64, head_dim 32: the time of one small forward (and forward + backward)
+call of each, and the dispatch floor at seq 1, head_dim 1, where only the
+Python wrapper, the dispatcher, autograd and argument checks remain.
+
+Times are medians of --reps calls after --warmup calls, wall clock, with
+torch.set_num_threads(--threads). Prints the CPU model, the ISA PyTorch's
+kernels use (torch.backends.cpu.get_cpu_capability()) and the vector
+extensions the CPU reports. Needs the package installed
+(bash scripts/setup-python); not part of the test suite:
+
+    ~/.cache/continuum/venv/bin/python bench/torch_attention.py [--reps 5]
+"""
+import argparse
+import os
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import continuum_attention as ca
+
+
+def cpu_description():
+    model = platform.processor() or "unknown"
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model in ("unknown", "", platform.machine()):
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    wanted = ["sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "avx512_fp16",
+              "amx_bf16", "neon", "sve"]
+    isa = [f for f in wanted if f in flags]
+    return model, isa
+
+
+def median_time(fn, reps, warmup):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def make_inputs(B, H, L, D, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, do = (torch.rand(B, H, L, D, generator=g, dtype=torch.float32).mul_(2).sub_(1).to(dtype)
+                   for _ in range(4))
+    return q, k, v, do
+
+
+def cases(B, H, L, D):
+    """name -> (dtype, function of (q, k, v, causal))."""
+    return {
+        "continuum fp32": (torch.float32, lambda q, k, v, c: ca.attention(q, k, v, causal=c)),
+        "softmax (ours) fp32": (torch.float32,
+                                lambda q, k, v, c: ca.attention(q, k, v, kernel="softmax", causal=c)),
+        "SDPA fp32": (torch.float32, lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c)),
+        "SDPA bf16": (torch.bfloat16, lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c)),
+    }
+
+
+def run(B, H, L, D, reps, warmup, backward_too=True):
+    results = {}
+    for name, (dtype, f) in cases(B, H, L, D).items():
+        q, k, v, do = make_inputs(B, H, L, D, dtype)
+        for causal in (False, True):
+            with torch.no_grad():
+                results[(name, causal, "fwd")] = median_time(lambda: f(q, k, v, causal), reps, warmup)
+            if backward_too:
+                qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+
+                def fwd_bwd():
+                    out = f(qg, kg, vg, causal)
+                    torch.autograd.grad(out, (qg, kg, vg), do)
+
+                results[(name, causal, "fwd+bwd")] = median_time(fwd_bwd, reps, warmup)
+    return results
+
+
+def print_table(results, unit, scale_to, baseline="SDPA fp32"):
+    names = list(dict.fromkeys(n for n, _, _ in results))
+    for causal in (False, True):
+        for what in ("fwd", "fwd+bwd"):
+            if (baseline, causal, what) not in results:
+                continue
+            base = results[(baseline, causal, what)]
+            cells = []
+            for n in names:
+                t = results[(n, causal, what)]
+                cells.append(f"{n}: {t * scale_to:9.3f} {unit} ({base / t:5.2f}x)")
+            print(f"  {'causal' if causal else 'full  '} {what:8s} " + " | ".join(cells))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    model, isa = cpu_description()
+    print(f"CPU: {model}; {os.cpu_count()} logical CPUs; torch threads {torch.get_num_threads()}")
+    print(f"ISA: PyTorch CPU capability {torch.backends.cpu.get_cpu_capability()}; "
+          f"CPU flags {' '.join(isa) or 'none of the listed'}")
+    print(f"torch {torch.__version__}, continuum_attention {ca.__version__}; "
+          f"medians of {a.reps} after {a.warmup} warm-up; ratio = SDPA fp32 time / this time")
+    print(f"\nbatch 1, {a.heads} heads, seq {a.seq}, head_dim {a.dim}:")
+    print_table(run(1, a.heads, a.seq, a.dim, a.reps, a.warmup), "ms", 1e3)
+    print("\nper-call overhead, batch 1, 1 head, seq 64, head_dim 32 (medians of 200):")
+    print_table(run(1, 1, 64, 32, 200, 20), "us", 1e6)
+    print("\ndispatch floor, batch 1, 1 head, seq 1, head_dim 1 (no arithmetic to speak of; medians of 200):")
+    print_table(run(1, 1, 1, 1, 200, 20), "us", 1e6)
+
+
+if __name__ == "__main__":
+    main()
