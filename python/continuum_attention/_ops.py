@@ -12,11 +12,25 @@ from . import _C  # noqa: F401  (loads the library: registers torch.ops.continuu
 _KERNELS = ("continuum", "softmax", "focal")
 
 
+#: True when this build has the CUDA kernels (opt-in at build time).
+WITH_CUDA = bool(_C.with_cuda)
+
+
 def supported_dtypes(device: Union[str, torch.device] = "cpu") -> Tuple[torch.dtype, ...]:
-    """The storage dtypes the operator accepts on ``device`` (CPU: float32, float64)."""
-    if torch.device(device).type == "cpu":
+    """The storage dtypes the operator accepts on ``device``: CPU float32 and
+    float64; CUDA (only when built with CONTINUUM_ATTENTION_CUDA=ON) float32,
+    float16 and bfloat16; nothing elsewhere."""
+    kind = torch.device(device).type
+    if kind == "cpu":
         return (torch.float32, torch.float64)
+    if kind == "cuda" and WITH_CUDA:
+        return (torch.float32, torch.float16, torch.bfloat16)
     return ()
+
+
+def _accum_dtype(dtype):
+    """The library's accum_t: float32 for 16-bit storage, the storage type otherwise."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 # --------------------------------------------------------------------------
@@ -29,14 +43,15 @@ def _forward_fake(query, key, value, kernel, causal, window_left, window_right, 
                  lambda: "continuum_attention: query, key, value must be 4-D")
     B, Hq, Lq, _ = query.shape
     out = query.new_empty((B, Hq, Lq, value.shape[3]))
-    lse = query.new_empty((B, Hq, Lq))
+    lse = query.new_empty((B, Hq, Lq), dtype=_accum_dtype(query.dtype))
     return out, lse
 
 
 @torch.library.register_fake("continuum::backward")
 def _backward_fake(grad_out, query, key, value, out, lse, kernel, causal, window_left,
                    window_right, range_lo, range_hi, temperature, temperature_value, scale):
-    dt = query.new_empty(temperature.shape) if temperature is not None else query.new_empty((0,))
+    dt = (temperature.new_empty(temperature.shape) if temperature is not None
+          else query.new_empty((0,), dtype=_accum_dtype(query.dtype)))
     return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape),
             dt)
 
@@ -90,6 +105,14 @@ def _check_inputs(query, key, value):
     if query.device.type == "cpu" and query.dtype not in supported_dtypes("cpu"):
         raise ValueError(f"continuum_attention: the CPU backend supports float32 and float64, "
                          f"got {query.dtype} (16-bit storage is not available on the CPU yet)")
+    if query.device.type == "cuda":
+        if not WITH_CUDA:
+            raise NotImplementedError(
+                "continuum_attention: this build has no CUDA kernels; rebuild with "
+                "pip install --no-build-isolation ./python -C cmake.define.CONTINUUM_ATTENTION_CUDA=ON")
+        if query.dtype not in supported_dtypes("cuda"):
+            raise ValueError(f"continuum_attention: the CUDA backend supports float32, float16 and "
+                             f"bfloat16, got {query.dtype}")
 
 
 def attention(
@@ -136,13 +159,14 @@ def attention(
             packed documents). ``lo == hi`` is an empty row.
         temperature: τ > 0, a number or a tensor of the query's dtype and
             device: 0-d, per head [Hq], or per query [B, Hq, Lq]. A tensor that
-            requires grad receives dτ in its own shape.
+            requires grad receives dτ in its own shape. On CUDA with 16-bit
+            inputs a tensor temperature is float32 (the library's accumulator).
         scale: softmax scale (> 0); default 1/sqrt(D).
         return_lse: also return lse.
 
     Returns:
         out [B, Hq, Lq, Dv] (contiguous, query's dtype), or (out, lse) with
-        lse [B, Hq, Lq] = log Z_i in natural-log score units (-inf for a row that
+        lse [B, Hq, Lq] (query's dtype; float32 for 16-bit inputs) = log Z_i in natural-log score units (-inf for a row that
         sees no key; that row's out is 0 and its gradients are 0). lse is not
         differentiable.
 
@@ -153,8 +177,8 @@ def attention(
             (e.g. bfloat16 on the CPU). Messages from the C++ library start
             with "continuum::attention_forward:" and name the argument.
         TypeError: a non-tensor query/key/value, or a bad option type.
-        NotImplementedError: a device without a kernel (the CUDA operator is
-            not part of this build).
+        NotImplementedError: a device without a kernel (CUDA unless built with
+            CONTINUUM_ATTENTION_CUDA=ON).
 
     Notes:
         Deterministic for a given ``torch.get_num_threads()`` (the library's

@@ -24,6 +24,13 @@
 
 #include <continuum/continuum.hpp>
 
+#if defined(CONTINUUM_ATTENTION_WITH_CUDA)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda_entry.hpp"
+#endif
+
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -38,6 +45,12 @@ using at::Tensor;
 using continuum::index_t;
 
 constexpr const char* kWho = "continuum_attention";
+
+/// The library's accum_t: lse, a tensor temperature and dτ are float for the
+/// 16-bit storage types (CUDA), the storage type otherwise.
+at::ScalarType accum_type(at::ScalarType st) {
+  return st == at::kHalf || st == at::kBFloat16 ? at::kFloat : st;
+}
 
 continuum::Kernel parse_kernel(std::string_view name) {
   if (name == "continuum") return continuum::Kernel::continuum;
@@ -58,16 +71,23 @@ void check_tensor(const Tensor& t, const char* name, int64_t rank, const Tensor&
                     " (query, key, value, grad and a tensor temperature share one dtype)");
 }
 
-void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
+void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool cuda = false) {
   TORCH_CHECK_VALUE(q.defined(), kWho, ": query is undefined");
   TORCH_CHECK_VALUE(q.dim() == 4, kWho, ": query must be [B, Hq, Lq, D] (4 dimensions), got ",
                     q.dim(), " (shape ", q.sizes(), ")");
-  TORCH_CHECK_VALUE(q.device().is_cpu(), kWho, ": this kernel runs on the CPU, query is on ",
-                    q.device());
   const auto st = q.scalar_type();
-  TORCH_CHECK_VALUE(st == at::kFloat || st == at::kDouble, kWho,
-                    ": the CPU backend supports float32 and float64, got ", st,
-                    " (16-bit storage is not available on the CPU yet)");
+  if (!cuda) {
+    TORCH_CHECK_VALUE(q.device().is_cpu(), kWho, ": this kernel runs on the CPU, query is on ",
+                      q.device());
+    TORCH_CHECK_VALUE(st == at::kFloat || st == at::kDouble, kWho,
+                      ": the CPU backend supports float32 and float64, got ", st,
+                      " (16-bit storage is not available on the CPU yet)");
+  } else {
+    TORCH_CHECK_VALUE(q.device().is_cuda(), kWho, ": this kernel runs on CUDA, query is on ",
+                      q.device());
+    TORCH_CHECK_VALUE(st == at::kFloat || st == at::kHalf || st == at::kBFloat16, kWho,
+                      ": the CUDA backend supports float32, float16 and bfloat16, got ", st);
+  }
   check_tensor(k, "key", 4, q);
   check_tensor(v, "value", 4, q);
 }
@@ -144,8 +164,10 @@ Options make_options(const Tensor& q, std::string_view kernel, bool causal, int6
     const Tensor& t = *temperature;
     TORCH_CHECK_VALUE(t.device() == q.device(), kWho, ": temperature is on ", t.device(),
                       " but query is on ", q.device());
-    TORCH_CHECK_VALUE(t.scalar_type() == q.scalar_type(), kWho, ": temperature has dtype ",
-                      t.scalar_type(), " but query has ", q.scalar_type());
+    TORCH_CHECK_VALUE(t.scalar_type() == accum_type(q.scalar_type()), kWho,
+                      ": temperature has dtype ", t.scalar_type(), " but query has ",
+                      q.scalar_type(), " (a tensor temperature must be ",
+                      accum_type(q.scalar_type()), ")");
     const int64_t B = q.size(0), Hq = q.size(1), Lq = q.size(2);
     if (t.dim() == 0) {
       o.temperature_shape = continuum::TemperatureShape::scalar;
@@ -263,6 +285,106 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(
   return {dq, dk, dv, dt};
 }
 
+
+#if defined(CONTINUUM_ATTENTION_WITH_CUDA)
+namespace ce = cuda_entry;
+
+ce::View raw_view(const Tensor& t) {
+  return {t.data_ptr(), t.size(0), t.size(1), t.size(2), t.size(3),
+          t.stride(0), t.stride(1), t.stride(2), t.size(3) == 1 ? 1 : t.stride(3)};
+}
+
+ce::Common raw_common(const Tensor& q, const Options& o) {
+  ce::Common c;
+  const auto st = q.scalar_type();
+  c.storage = st == at::kHalf ? ce::Storage::f16 : st == at::kBFloat16 ? ce::Storage::bf16 : ce::Storage::f32;
+  c.kernel = o.kernel;
+  c.visibility = o.vis;
+  c.temperature_shape = o.temperature_shape;
+  c.temperature_value = static_cast<float>(o.temperature_value);
+  if (o.temperature.defined() && o.temperature_shape != continuum::TemperatureShape::scalar)
+    c.temperature_data = o.temperature.data_ptr<float>();
+  c.has_scale = o.scale.has_value();
+  c.scale = o.scale.value_or(0.0);
+  c.stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  return c;
+}
+
+template <class F>
+void call_cuda(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+}
+
+std::tuple<Tensor, Tensor> forward_cuda(const Tensor& query, const Tensor& key, const Tensor& value,
+                                        c10::string_view kernel, bool causal, int64_t window_left,
+                                        int64_t window_right,
+                                        const std::optional<Tensor>& range_lo,
+                                        const std::optional<Tensor>& range_hi,
+                                        const std::optional<Tensor>& temperature,
+                                        double temperature_value, std::optional<double> scale) {
+  check_qkv(query, key, value, /*cuda=*/true);
+  const c10::cuda::CUDAGuard guard(query.device());
+  const Options o = make_options(query, std::string_view(kernel.data(), kernel.size()), causal,
+                                 window_left, window_right, range_lo, range_hi, temperature,
+                                 temperature_value, scale);
+  const int64_t B = query.size(0), Hq = query.size(1), Lq = query.size(2), Dv = value.size(3);
+  Tensor out = at::empty({B, Hq, Lq, Dv}, query.options());
+  Tensor lse = at::empty({B, Hq, Lq}, query.options().dtype(at::kFloat));
+  ce::Forward f;
+  f.c = raw_common(query, o);
+  f.query = raw_view(query);
+  f.key = raw_view(key);
+  f.value = raw_view(value);
+  f.out = raw_view(out);
+  f.lse = lse.data_ptr<float>();
+  call_cuda([&] { ce::forward(f); });
+  return {out, lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cuda(
+    const Tensor& grad_out_in, const Tensor& query, const Tensor& key, const Tensor& value,
+    const Tensor& out, const Tensor& lse, c10::string_view kernel, bool causal,
+    int64_t window_left, int64_t window_right, const std::optional<Tensor>& range_lo,
+    const std::optional<Tensor>& range_hi, const std::optional<Tensor>& temperature,
+    double temperature_value, std::optional<double> scale) {
+  check_qkv(query, key, value, /*cuda=*/true);
+  check_tensor(out, "out", 4, query);
+  check_tensor(grad_out_in, "grad_out", 4, query);
+  TORCH_CHECK_VALUE(lse.dim() == 3 && lse.scalar_type() == at::kFloat && lse.device() == query.device(),
+                    kWho, ": lse must be the forward's float32 [B, Hq, Lq] on the query's device");
+  const c10::cuda::CUDAGuard guard(query.device());
+  const Tensor grad_out =
+      grad_out_in.size(3) > 1 && grad_out_in.stride(3) != 1 ? grad_out_in.contiguous() : grad_out_in;
+  const Options o = make_options(query, std::string_view(kernel.data(), kernel.size()), causal,
+                                 window_left, window_right, range_lo, range_hi, temperature,
+                                 temperature_value, scale);
+  Tensor dq = at::empty(query.sizes(), query.options());
+  Tensor dk = at::empty(key.sizes(), key.options());
+  Tensor dv = at::empty(value.sizes(), value.options());
+  const auto acc = query.options().dtype(at::kFloat);
+  Tensor dt = o.temperature.defined() ? at::empty(o.temperature.sizes(), acc) : at::empty({0}, acc);
+  const Tensor lse_c = lse.contiguous();
+  ce::Backward b;
+  b.c = raw_common(query, o);
+  b.query = raw_view(query);
+  b.key = raw_view(key);
+  b.value = raw_view(value);
+  b.out = raw_view(out);
+  b.grad_out = raw_view(grad_out);
+  b.grad_query = raw_view(dq);
+  b.grad_key = raw_view(dk);
+  b.grad_value = raw_view(dv);
+  b.lse = lse_c.data_ptr<float>();
+  b.grad_temperature = o.temperature.defined() ? dt.data_ptr<float>() : nullptr;
+  call_cuda([&] { ce::backward(b); });
+  return {dq, dk, dv, dt};
+}
+#endif  // CONTINUUM_ATTENTION_WITH_CUDA
+
 }  // namespace
 }  // namespace continuum_torch
 
@@ -283,10 +405,28 @@ TORCH_LIBRARY_IMPL(continuum, CPU, m) {
   m.impl("backward", &continuum_torch::backward_cpu);
 }
 
+#if defined(CONTINUUM_ATTENTION_WITH_CUDA)
+TORCH_LIBRARY_IMPL(continuum, CUDA, m) {
+  m.impl("forward", &continuum_torch::forward_cuda);
+  m.impl("backward", &continuum_torch::backward_cuda);
+}
+#endif
+
 // `import continuum_attention._C` loads this library (and so runs the
-// registrations above); the module itself has no Python functions.
+// registrations above); the module has no functions, only `with_cuda`
+// (1 when the CUDA kernels were built in).
 extern "C" PyObject* PyInit__C(void) {
   static PyModuleDef def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr,
                             nullptr, nullptr, nullptr, nullptr};
-  return PyModule_Create(&def);
+  PyObject* m = PyModule_Create(&def);
+#if defined(CONTINUUM_ATTENTION_WITH_CUDA)
+  const long with_cuda = 1;
+#else
+  const long with_cuda = 0;
+#endif
+  if (m != nullptr && PyModule_AddIntConstant(m, "with_cuda", with_cuda) != 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
 }
