@@ -114,22 +114,6 @@ struct Options {
   std::optional<double> scale;
 };
 
-// TEMPORARY until main's Visibility{window_left, window_right} is merged:
-// the old field `window` (W keys counting the diagonal, causal only) is
-// (W - 1, 0); anything else is refused.
-template <class V>
-auto set_window(V& vis, int64_t left, int64_t right) -> decltype(vis.window_left, void()) {
-  vis.window_left = left;
-  vis.window_right = right;
-}
-template <class V, class... Ignored>
-void set_window(V& vis, int64_t left, int64_t right, Ignored...) {
-  if (left < 0 && right < 0) return;
-  TORCH_CHECK_VALUE(vis.causal && right <= 0 && left >= 0, kWho,
-                    ": window (left, right) other than (W-1, 0) with causal needs the new library");
-  vis.window = left + 1;
-}
-
 Tensor ranges_as_int64(const std::optional<Tensor>& r, const char* name, const Tensor& q) {
   const Tensor& t = *r;
   TORCH_CHECK_VALUE(t.device() == q.device(), kWho, ": ", name, " is on ", t.device(),
@@ -151,7 +135,8 @@ Options make_options(const Tensor& q, std::string_view kernel, bool causal, int6
   Options o;
   o.kernel = parse_kernel(kernel);
   o.vis.causal = causal;
-  set_window(o.vis, window_left, window_right);
+  o.vis.window_left = window_left;  // SPEC §3: negative = unlimited on that side
+  o.vis.window_right = window_right;
   TORCH_CHECK_VALUE(range_lo.has_value() == range_hi.has_value(), kWho,
                     ": ranges: give both lo and hi ([B, Lq] integer tensors) or neither");
   if (range_lo) {
