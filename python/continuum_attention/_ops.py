@@ -85,6 +85,16 @@ def _backward(ctx, grad_out, grad_lse):
 torch.library.register_autograd("continuum::forward", _backward, setup_context=_setup_context)
 
 
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError("continuum_attention: the gradient of the backward (double backward, "
+                       "create_graph=True then backward again) is not implemented")
+
+
+# Without this, PyTorch would backpropagate through continuum::backward as if it
+# were constant (a deprecated fallback that gives wrong second derivatives).
+torch.library.register_autograd("continuum::backward", _no_double_backward)
+
+
 # --------------------------------------------------------------------------
 # Public entry point.
 # --------------------------------------------------------------------------
@@ -184,8 +194,13 @@ def attention(
         Deterministic for a given ``torch.get_num_threads()`` (the library's
         results are bitwise independent of the thread count). Inputs are
         never written. Works under torch.compile (fullgraph), DDP and FSDP as
-        an ordinary differentiable operator. Cost O(B·Hq·Lq·Lk·(D + Dv));
-        memory O(B·Hq·Lq) besides the output.
+        an ordinary differentiable operator. Differentiable once (the
+        backward itself has no gradient: no create_graph / double backward).
+        Cost O(B·Hq·Lq·Lk·(D + Dv)); memory O(B·Hq·Lq) besides the output.
+
+    Source: the mathematics is SPEC.md §3-§8 (docs/MATH.md); the kernels are
+    the header-only library's continuum::attention_forward / attention_backward
+    (include/continuum/attention/); usage in README.md, section "PyTorch".
     """
     _check_inputs(query, key, value)
     if kernel not in _KERNELS:

@@ -61,3 +61,10 @@ def test_no_grad_for_lse():
     k, v = k[:, :HK].detach().requires_grad_(), v[:, :HK].detach().requires_grad_()
     out, lse = ca.attention(q, k, v, return_lse=True)
     assert out.requires_grad and not lse.requires_grad
+
+
+def test_double_backward_raises():
+    q = uniform(1, 1, 4, 4, requires_grad=True)
+    g, = torch.autograd.grad(ca.attention(q, q, q).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward.*not implemented"):
+        g.sum().backward()

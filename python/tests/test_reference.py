@@ -87,3 +87,11 @@ def test_quadrature_reference_can_fail():
     out = ca.attention(q, k, v, kernel="softmax")
     ref_out, _ = reference.attention(q, k, v)
     assert max_err(out, ref_out) > 1e-4
+
+
+def test_int32_ranges_equal_int64():
+    q, k, v, _ = make({})
+    lo, hi = ranges_for(2, 11, 11)
+    a = ca.attention(q, k, v, ranges=(lo, hi))
+    b = ca.attention(q, k, v, ranges=(lo.int(), hi.int()))
+    assert torch.equal(a, b)
