@@ -131,7 +131,7 @@ inline void gemm(index_t M, index_t N, index_t K, const T* A, index_t sa_r, inde
       const T a = A[r * sa_r + k * sa_k];
       const T* b = B + k * ldb;
 #  pragma omp simd
-      for (index_t n = 0; n < N; ++n) c[n] += a * b[n];
+      for (index_t n = 0; n < N; ++n) c[n] = madd(a, b[n], c[n]);
     }
   }
 #endif
