@@ -217,7 +217,7 @@ struct Problem {
 continuum::Visibility make_visibility(Vis vis) {
   continuum::Visibility v;
   v.causal = vis != Vis::full;
-  v.window = vis == Vis::window ? kWindow : 0;
+  v.window_left = vis == Vis::window ? kWindow - 1 : -1;  // causal, kWindow keys
   return v;
 }
 

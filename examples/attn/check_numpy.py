@@ -28,10 +28,17 @@ def as4(x):
     return x[None, None] if x.ndim == 2 else x
 
 
-def visible(i, lq, lk, causal, window):
-    hi = min(lk, i + lk - lq + 1) if causal else lk
-    lo = max(0, hi - window) if window > 0 else 0
-    return lo, hi
+def visible(i, lq, lk, causal, left, right):
+    """[lo, hi) of query i: causal bottom-right, window (left, right) around the
+    diagonal key d = i + lk - lq, a negative bound unlimited (docs/MATH.md §3)."""
+    d = i + lk - lq
+    hi = min(lk, d + 1) if causal else lk
+    lo = 0
+    if left >= 0:
+        lo = max(lo, d - left)
+    if right >= 0:
+        hi = min(hi, d + right + 1)
+    return lo, max(lo, hi)
 
 
 def nu(a):  # ∫(1-u) e^{au} du, a <= 0
@@ -81,10 +88,14 @@ def main():
     ap.add_argument("--temperature", default="1")
     ap.add_argument("--scale", type=float)
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--window", type=int, default=0)
+    ap.add_argument("--window", type=int, default=0, help="W keys counting the diagonal: (W - 1, 0)")
+    ap.add_argument("--window-left", type=int, default=-1)
+    ap.add_argument("--window-right", type=int, default=-1)
     ap.add_argument("--method", default="quadrature", choices=["stencil", "quadrature"])
     ap.add_argument("--tol", type=float, default=1e-10)
     a = ap.parse_args()
+    if a.window > 0:
+        a.window_left, a.window_right = a.window - 1, 0
 
     load = lambda d, n: np.load(os.path.join(d, n)).astype(np.float64)
     q, k, v = (as4(load(a.inputs, n + ".npy")) for n in "qkv")
@@ -110,7 +121,7 @@ def main():
         for h in range(H):
             hk = h // (H // Hk)
             for i in range(Lq):
-                lo, hi = visible(i, Lq, Lk, a.causal, a.window)
+                lo, hi = visible(i, Lq, Lk, a.causal, a.window_left, a.window_right)
                 if hi <= lo:
                     continue
                 s = scale / tau[b, h, i] * (k[b, hk, lo:hi] @ q[b, h, i])

@@ -50,7 +50,8 @@ struct Options {
   double scale = 0;
   bool scale_given = false;
   bool causal = false;
-  index_t window = 0;
+  index_t window = 0;                          // --window W: (W - 1, 0); 0 = none
+  index_t window_left = -1, window_right = -1;  // negative = unlimited
   std::vector<std::string> ranges;
   std::string dtype, out_dtype;
   int threads = 0;
@@ -107,7 +108,7 @@ struct Problem {
   std::vector<std::size_t> tau_out_shape;  // the shape dtemp.npy gets
   std::optional<double> scale;
   bool causal = false;
-  index_t window = 0;
+  index_t window_left = -1, window_right = -1;  // SPEC §3; negative = unlimited
   bool has_ranges = false;
   std::vector<index_t> lo, hi;
   DType compute = DType::f64, out = DType::f64;
@@ -215,7 +216,12 @@ Problem validate(const Options& o) {
   }
   p.causal = o.causal;
   if (o.window < 0) throw UsageError("--window must be ≥ 0 (0 = unlimited)");
-  p.window = o.window;
+  p.window_left = o.window_left;
+  p.window_right = o.window_right;
+  if (o.window > 0) {  // the causal sliding window of W keys counting the diagonal
+    p.window_left = o.window - 1;
+    p.window_right = 0;
+  }
   p.threads = o.threads;
   p.probs = o.probs;
 
@@ -294,7 +300,8 @@ std::vector<std::string> compute(const Problem& p, const std::string& out_dir, i
   temperature.data = p.tshape == continuum::TemperatureShape::scalar ? nullptr : tau.data();
   continuum::Visibility vis;
   vis.causal = p.causal;
-  vis.window = p.window;
+  vis.window_left = p.window_left;
+  vis.window_right = p.window_right;
   if (p.has_ranges) {
     vis.range_lo = p.lo.data();
     vis.range_hi = p.hi.data();
@@ -450,7 +457,13 @@ int main(int argc, char** argv) {
   auto* scale = app.add_option("--scale", o.scale, "softmax scale; scores are scale/tau * q.k")
                     ->default_str("1/sqrt(head_dim)");
   app.add_flag("--causal", o.causal, "causal, bottom-right aligned (SPEC §3)");
-  app.add_option("--window", o.window, "sliding window of W keys counting the diagonal (0 = all)");
+  auto* window = app.add_option("--window", o.window,
+                                "W keys counting the diagonal and none after it: (W - 1, 0); 0 = no window");
+  auto* left = app.add_option("--window-left", o.window_left,
+                              "sliding window: keys up to L before the diagonal key (negative = unlimited)");
+  auto* right = app.add_option("--window-right", o.window_right,
+                               "sliding window: keys up to R after the diagonal key (negative = unlimited)");
+  window->excludes(left)->excludes(right);
   app.add_option("--ranges", o.ranges, "lo.npy hi.npy: per-query visible keys [lo, hi), int, [batch, seq_q]")
       ->expected(2);
   app.add_option("--dtype", o.dtype, "compute type float32 | float64 (default: the inputs')");

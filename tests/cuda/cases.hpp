@@ -50,7 +50,7 @@ struct Case {
   index_t B = 1, Hq = 1, Hk = 1, Lq = 8, Lk = 8, D = 8, Dv = 8;
   Kernel kernel = Kernel::continuum;
   bool causal = false;
-  index_t window = 0;
+  index_t window_left = -1, window_right = -1;  // SPEC §3; negative = unlimited
   std::vector<index_t> range_lo, range_hi;  // [B, Lq] each, or empty
   TemperatureShape tshape = TemperatureShape::scalar;
   double tau = 1.0;
@@ -124,7 +124,9 @@ inline void visible(const Case& c, index_t b, index_t i, index_t& lo, index_t& h
   hi = c.Lk;
   lo = 0;
   if (c.causal) hi = std::min(c.Lk, i + (c.Lk - c.Lq) + 1);
-  if (c.window > 0) lo = std::max<index_t>(0, hi - c.window);
+  const index_t d = i + (c.Lk - c.Lq);  // the diagonal key
+  if (c.window_left >= 0) lo = std::max<index_t>(lo, d - c.window_left);
+  if (c.window_right >= 0) hi = std::min<index_t>(hi, d + c.window_right + 1);
   if (!c.range_lo.empty()) lo = std::max(lo, c.range_lo[b * c.Lq + i]);
   if (!c.range_hi.empty()) hi = std::min(hi, c.range_hi[b * c.Lq + i]);
   lo = std::max<index_t>(lo, 0);

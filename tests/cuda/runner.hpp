@@ -82,7 +82,8 @@ inline Outputs cpu_reference(const Case& c, const Inputs& in, const Tensor& o_fo
   fa.temperature.data = c.tshape == TemperatureShape::scalar ? nullptr : in.tau.data();
   fa.scale = c.scale;
   fa.visibility.causal = c.causal;
-  fa.visibility.window = c.window;
+  fa.visibility.window_left = c.window_left;
+  fa.visibility.window_right = c.window_right;
   fa.visibility.range_lo = c.range_lo.empty() ? nullptr : c.range_lo.data();
   fa.visibility.range_hi = c.range_hi.empty() ? nullptr : c.range_hi.data();
   continuum::attention_forward(continuum::cpu, fa);
@@ -141,7 +142,8 @@ Result run_case(const Case& c, Exec& ex, double tol, double storage_tiny = 0) {
   fa.temperature.data = tau_d;
   fa.scale = c.scale;
   fa.visibility.causal = c.causal;
-  fa.visibility.window = c.window;
+  fa.visibility.window_left = c.window_left;
+  fa.visibility.window_right = c.window_right;
   fa.visibility.range_lo = rlo;
   fa.visibility.range_hi = rhi;
   ex.forward(fa);
@@ -282,7 +284,10 @@ inline std::vector<Case> standard_cases() {
     c.Lq = 1; c.Lk = 16;
     add(c);
     c.name = kn + " causal window 5, partial tiles, per-query tau (W08)";
-    c.Lq = c.Lk = 33; c.window = 5; c.tshape = TemperatureShape::per_query;
+    c.Lq = c.Lk = 33; c.window_left = 4; c.window_right = 0; c.tshape = TemperatureShape::per_query;
+    add(c);
+    c.name = kn + " non-causal window (3, 2) around the diagonal, Lq<Lk";
+    c.causal = false; c.Lq = 20; c.Lk = 37; c.window_left = 3; c.window_right = 2;
     add(c);
     c = Case{};
     c.kernel = kern;

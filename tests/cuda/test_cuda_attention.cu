@@ -108,7 +108,7 @@ TEST_CASE("W08 last partial tile: causal and window 5, per-query tau", "[cuda]")
     for (index_t window : {0, 5}) {
       Case c;
       c.name = "W08 L=" + std::to_string(n) + " window " + std::to_string(window);
-      c.Lq = c.Lk = n; c.D = c.Dv = 16; c.causal = true; c.window = window;
+      c.Lq = c.Lk = n; c.D = c.Dv = 16; c.causal = true; c.window_left = window - 1;  // W keys; -1 = unlimited
       c.tshape = TemperatureShape::per_query;
       check_case<float, ConvFloat>(c);
     }

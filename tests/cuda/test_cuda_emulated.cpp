@@ -242,7 +242,7 @@ TEST_CASE("emulated CUDA kernels with the GPU's own tile sizes (64x64 and 32x32,
   Case c;
   c.name = "GPU tiles: GQA 4/2, causal window 100, 150 x 170, D 40, per-head tau";
   c.B = 1; c.Hq = 4; c.Hk = 2; c.Lq = 150; c.Lk = 170; c.D = 40; c.Dv = 24;
-  c.causal = true; c.window = 100; c.tshape = TemperatureShape::per_head;
+  c.causal = true; c.window_left = 99; c.tshape = TemperatureShape::per_head;
   check_case<float, ConvFloat>(c, 1e-5, 64, 64, block_size);
   check_case<double, ConvDouble>(c, 1e-12, 32, 32, block_size);
 }

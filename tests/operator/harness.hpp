@@ -28,6 +28,11 @@ using mp = mpfr::mpreal;
 /// 256-bit MPFR for every mpreal created after this (≥ 200 bits, brief).
 inline void use_mp_precision() { mp::set_default_prec(256); }
 
+/// "(left,right)" of a visibility's window, for INFO lines.
+inline std::string window_name(const continuum::Visibility& v) {
+  return "(" + std::to_string(v.window_left) + "," + std::to_string(v.window_right) + ")";
+}
+
 template <class T>
 constexpr double eps() {
   return static_cast<double>(std::numeric_limits<T>::epsilon());
@@ -382,7 +387,7 @@ ForwardCheck check_forward(Case<T>& c, const std::string& label) {
   r.lse = compare(c.lse, f.lse);
   INFO("forward " << label << " " << type_name<T>() << " B=" << c.B << " Hq=" << c.Hq << " Hk=" << c.Hk
                   << " Lq=" << c.Lq << " Lk=" << c.Lk << " D=" << c.D << " Dv=" << c.dv_dim()
-                  << " causal=" << c.vis.causal << " W=" << c.vis.window << " max|s|=" << r.max_score
+                  << " causal=" << c.vis.causal << " window=" << window_name(c.vis) << " max|s|=" << r.max_score
                   << " tol=" << r.tol);
   INFO("out: max abs err " << r.out.max_abs << " at " << r.out.worst << " (ref max-abs " << r.out.ref_scale
                            << "); lse: max abs err " << r.lse.max_abs << " at " << r.lse.worst);
@@ -460,7 +465,7 @@ BackwardCheck check_backward(Case<T>& c, const std::string& label) {
   }
   INFO("backward " << label << " " << type_name<T>() << " B=" << c.B << " Hq=" << c.Hq << " Hk=" << c.Hk
                    << " Lq=" << c.Lq << " Lk=" << c.Lk << " D=" << c.D << " Dv=" << c.dv_dim()
-                   << " causal=" << c.vis.causal << " W=" << c.vis.window
+                   << " causal=" << c.vis.causal << " window=" << window_name(c.vis)
                    << " tshape=" << static_cast<int>(c.tshape) << " bshd=" << c.bshd
                    << " max|s|=" << r.max_score << " tol=" << r.tol);
   INFO("dQ " << r.dq.max_abs << "/" << r.dq.ref_scale << " at " << r.dq.worst << "; dK " << r.dk.max_abs << "/"
@@ -483,14 +488,17 @@ BackwardCheck check_backward(Case<T>& c, const std::string& label) {
   return r;
 }
 
-/// Sets up a case's visibility from a small code: 0 full, 1 causal, 2/3/4
-/// causal with window 1/2/5, 5 non-causal window 2.
+/// Sets up a case's visibility from a small code (SPEC §3): 0 full, 1 causal,
+/// 2/3/4 causal with a window of 1/2/5 keys (left = 0/1/4), 5 non-causal
+/// symmetric window (1, 1), 6 non-causal look-ahead window (0, 2).
 inline continuum::Visibility visibility_code(int code) {
   continuum::Visibility v;
   v.causal = code >= 1 && code <= 4;
-  v.window = code == 2 ? 1 : code == 3 ? 2 : code == 4 ? 5 : code == 5 ? 2 : 0;
+  v.window_left = code == 2 ? 0 : code == 3 ? 1 : code == 4 ? 4 : code == 5 ? 1 : code == 6 ? 0 : -1;
+  v.window_right = code == 5 ? 1 : code == 6 ? 2 : -1;
   return v;
 }
+
 
 // ---------------------------------------------------------------------------
 // Set-up shared by the operator, bug-case and property tests.

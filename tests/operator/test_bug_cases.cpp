@@ -220,7 +220,7 @@ TEMPLATE_TEST_CASE("W05 KV-cache decode equals the full causal forward", "[bug][
   full.Lq = full.Lk = 16;
   full.D = full.Dv = 8;
   full.vis.causal = true;
-  full.vis.window = window;
+  full.vis.window_left = window - 1;  // W keys; 0: no window
   full.alloc();
   auto rng = rng_for(7);
   full.fill_uniform(rng);
@@ -243,7 +243,7 @@ TEMPLATE_TEST_CASE("W05 KV-cache decode equals the full causal forward", "[bug][
     a.out = continuum::TensorView<TestType>::bhsd(out.data(), 1, 1, 1, 8);
     a.lse = &lse;
     a.visibility.causal = true;
-    a.visibility.window = window;
+    a.visibility.window_left = window - 1;
     continuum::attention_forward(continuum::cpu, a);
   };
   auto row_err = [&](const std::vector<TestType>& out, index_t t) {
@@ -394,7 +394,7 @@ TEST_CASE("W08 last partial tile", "[bug][W08]") {
   c.D = 4;
   c.Dv = 3;
   c.vis.causal = true;
-  c.vis.window = window;
+  c.vis.window_left = window - 1;  // W keys; 0: no window
   c.tshape = TemperatureShape::per_query;  // learned τ
   c.alloc();
   auto rng = rng_for(static_cast<std::uint64_t>(900 + L * 2 + window));

@@ -16,7 +16,7 @@ TEMPLATE_TEST_CASE("backward matches the reference on random O(1) inputs", "[ope
   const index_t D = GENERATE(1, 3, 17);
   const auto shape = GENERATE(std::make_pair(1, 1), std::make_pair(1, 6), std::make_pair(7, 7),
                               std::make_pair(4, 9), std::make_pair(9, 4));
-  const int vis = GENERATE(0, 1, 2, 4, 5);
+  const int vis = GENERATE(0, 1, 2, 4, 5, 6);
   const auto tshape = GENERATE(TemperatureShape::scalar, TemperatureShape::per_head, TemperatureShape::per_query);
   Case<TestType> c;
   c.B = 2;
@@ -200,7 +200,7 @@ TEMPLATE_TEST_CASE("backward across key and query tiles with explicit ranges", "
   if (mode != 1) random_ranges(c, rng);
   if (mode >= 1) {
     c.vis.causal = true;
-    c.vis.window = mode == 1 ? 70 : 0;
+    c.vis.window_left = mode == 1 ? 69 : -1;  // 70 keys
   }
   c.alloc();
   c.fill_uniform(rng, -1.5, 1.5);

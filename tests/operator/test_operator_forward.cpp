@@ -14,7 +14,7 @@ TEMPLATE_TEST_CASE("forward matches the reference on random O(1) inputs", "[oper
   const index_t D = GENERATE(1, 3, 17, 65);
   const auto shape = GENERATE(std::make_pair(1, 1), std::make_pair(1, 9), std::make_pair(7, 7),
                               std::make_pair(5, 9), std::make_pair(9, 5), std::make_pair(16, 16));
-  const int vis = GENERATE(0, 1, 2, 3, 4, 5);
+  const int vis = GENERATE(0, 1, 2, 3, 4, 5, 6);
   Case<TestType> c;
   c.B = 2;
   c.Hq = 2;
@@ -221,7 +221,7 @@ TEMPLATE_TEST_CASE("forward across key and query tiles with explicit ranges", "[
   if (mode != 1) random_ranges(c, rng);
   if (mode >= 1) {
     c.vis.causal = true;
-    c.vis.window = mode == 1 ? 70 : 0;
+    c.vis.window_left = mode == 1 ? 69 : -1;  // 70 keys
   }
   c.want_maps = true;
   c.alloc();

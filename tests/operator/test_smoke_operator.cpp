@@ -169,7 +169,7 @@ void set_vis(Problem& p, int mode) {
   p.vis = Visibility{};
   p.rlo.clear(); p.rhi.clear();
   if (mode == 1) p.vis.causal = true;
-  if (mode == 2) { p.vis.causal = true; p.vis.window = 7; }
+  if (mode == 2) { p.vis.causal = true; p.vis.window_left = 6; }  // 7 keys
   if (mode == 3) {
     std::mt19937 g(5);
     for (index_t b = 0; b < p.B; ++b)
@@ -180,7 +180,7 @@ void set_vis(Problem& p, int mode) {
         p.rlo.push_back(lo); p.rhi.push_back(hi);
       }
   }
-  if (mode == 4) { p.vis.window = 3; }
+  if (mode == 4) { p.vis.window_left = 1; p.vis.window_right = 1; }  // 3 keys around the diagonal
 }
 
 }  // namespace
@@ -270,7 +270,7 @@ TEST_CASE("backward matches central finite differences (double)", "[operator][sm
       Problem p = make_problem(1, 2, 1, 9, 11, 3, 2, 100 + mode, 1.5);
       p.kernel = kern ? Kernel::softmax : Kernel::continuum;
       set_vis(p, mode);
-      if (mode == 2) p.vis.window = 3;
+      if (mode == 2) p.vis.window_left = 2;
       const std::vector<double> dout = random_dout(p, 7);
       Run<double> r;
       auto ba = backward_args<double>(p, r, dout);
@@ -349,7 +349,7 @@ TEST_CASE("KV-cache decode equals the full causal forward bit for bit", "[operat
   for (index_t W : {0, 4}) {
     Problem p = make_problem(1, 2, 1, 100, 100, 8, 8, 31);
     p.vis.causal = true;
-    p.vis.window = W;
+    p.vis.window_left = W - 1;  // W keys; 0: no window
     Run<float> full;
     auto fa = forward_args<float>(p, full, TemperatureShape::scalar);
     attention_forward(cpu, fa);
@@ -470,7 +470,6 @@ TEST_CASE("bad input throws std::invalid_argument naming the argument", "[operat
   { auto a = good; r.tau[3] = NAN; expect_throw(a, "temperature[0, 0, 3]"); r.tau[3] = 1; }
   { auto a = good; a.scale = -1.0; expect_throw(a, "scale"); }
   { auto a = good; a.scale = INFINITY; expect_throw(a, "scale"); }
-  { auto a = good; a.visibility.window = -1; expect_throw(a, "window"); }
   std::vector<index_t> lo(5, 0), hi(5, 7);
   { auto a = good; a.visibility.range_lo = lo.data(); a.visibility.range_hi = hi.data(); expect_throw(a, "range"); }
   { auto a = good; a.query.data = nullptr; expect_throw(a, "query"); }

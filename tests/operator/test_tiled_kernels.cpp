@@ -55,7 +55,7 @@ TEMPLATE_TEST_CASE("tiled forward matches the reference across tile boundaries",
                    double) {
   use_mp_precision();
   const int shape = GENERATE(0, 1, 2, 3, 4);
-  const int vis = GENERATE(0, 1, 3);
+  const int vis = GENERATE(0, 1, 3, 5, 6);
   const int kernel = GENERATE(0, 1);
   const bool fa = std::is_same<TestType, float>::value ? GENERATE(false, true) : false;
   Case<TestType> c;
@@ -138,7 +138,7 @@ TEST_CASE("tiled forward: a KV-cache decode step is the full causal row, bit for
   full.Lq = full.Lk = 300;
   full.D = full.Dv = 16;
   full.vis.causal = true;
-  full.vis.window = window;
+  full.vis.window_left = window - 1;  // a window of `window` keys; 0: none
   full.kernel = kernel ? continuum::Kernel::softmax : continuum::Kernel::continuum;
   full.tau = 0.3f;
   full.alloc();

@@ -23,7 +23,7 @@ TEMPLATE_TEST_CASE("SPEC 7.1 one visible key gives o = v exactly", "[property][7
   c.D = 5;
   c.Dv = 3;
   c.vis.causal = true;
-  c.vis.window = 1;  // each row sees only its own key (for L = 1: the one key)
+  c.vis.window_left = 0;  // each row sees only its own key (for L = 1: the one key)
   c.alloc();
   auto rng = rng_for(static_cast<std::uint64_t>(amp * 1000));
   c.fill_uniform(rng, -amp, amp);
@@ -321,7 +321,7 @@ TEMPLATE_TEST_CASE("SPEC 7.9 KV-cache decode rows equal the full causal forward"
   full.Lq = full.Lk = L;
   full.D = 8;
   full.vis.causal = true;
-  full.vis.window = W;
+  full.vis.window_left = W - 1;  // W keys; 0: no window
   full.alloc();
   auto rng = rng_for(static_cast<std::uint64_t>(L * 10 + W));
   full.fill_uniform(rng);
@@ -445,7 +445,7 @@ TEMPLATE_TEST_CASE("random configurations: forward and backward equal the refere
   c.pad = pick(3);
   const int vis = pick(4);
   c.vis.causal = vis == 1 || vis == 2;
-  c.vis.window = vis == 2 ? 1 + pick(8) : 0;
+  c.vis.window_left = vis == 2 ? pick(8) : -1;
   if (vis == 3)
     for (index_t b = 0; b < c.B; ++b)
       for (index_t i = 0; i < c.Lq; ++i) {

@@ -6,9 +6,12 @@
 #include <mpreal.h>
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <random>
 
 #include <continuum/attention/reference.hpp>
+#include <continuum/attention/visibility.hpp>
 
 #include "reference/quadrature.hpp"
 
@@ -85,13 +88,19 @@ TEST_CASE("reference forward equals quadrature of the curve (SPEC 7.8)", "[refer
   const index_t Lk = GENERATE(1, 2, 3, 7);
   const double amp = GENERATE(0.5, 2.0, 4.0);  // |s| up to ≈ amp²·√D ≈ 28
   const bool causal = GENERATE(false, true);
-  const index_t window = GENERATE(0, 1, 2, 5);
-  auto rng = std::mt19937_64(1000 + Lk * 31 + static_cast<int>(amp * 7) + causal * 3 + window);
+  // Windows (left, right) around the diagonal key (SPEC §3); -1 = unlimited.
+  const auto window = GENERATE(std::pair<index_t, index_t>{-1, -1}, std::pair<index_t, index_t>{0, 0},
+                               std::pair<index_t, index_t>{1, 0}, std::pair<index_t, index_t>{4, 0},
+                               std::pair<index_t, index_t>{1, 1}, std::pair<index_t, index_t>{0, 2});
+  auto rng = std::mt19937_64(1000 + Lk * 31 + static_cast<int>(amp * 7) + causal * 3 +
+                             static_cast<int>(window.first * 5 + window.second));
   auto p = random_problem<mp>(rng, 5, Lk, 3, amp);
   p.causal = causal;
-  p.window = window;
+  p.window_left = window.first;
+  p.window_right = window.second;
   const double err = max_error_vs_quadrature(p);
-  INFO("Lk=" << Lk << " amp=" << amp << " causal=" << causal << " W=" << window);
+  INFO("Lk=" << Lk << " amp=" << amp << " causal=" << causal << " window=(" << window.first << ","
+             << window.second << ")");
   CHECK(err < 1e-35);
 }
 
@@ -125,7 +134,8 @@ TEST_CASE("reference backward equals central differences of the reference", "[re
   auto rng = std::mt19937_64(77 + static_cast<int>(shape) * 2 + causal);
   auto p = random_problem<mp>(rng, 4, 5, 3, 1.5, /*Hq=*/2, /*Hk=*/1, /*Dv=*/2);
   p.causal = causal;
-  p.window = causal ? 3 : 0;
+  p.window_left = causal ? 2 : 1;  // causal: 3 keys; else (1, 1) around the diagonal
+  p.window_right = causal ? -1 : 1;
   p.temperature_shape = shape;
   std::uniform_real_distribution<double> ut(0.3, 2.0);
   const std::size_t nt = shape == continuum::TemperatureShape::scalar ? 1
@@ -185,16 +195,61 @@ TEST_CASE("reference visibility follows SPEC 3 written out by hand", "[reference
   CHECK(ranges(3, 5) == V{{0, 3}, {0, 4}, {0, 5}});          // bottom-right
   CHECK(ranges(1, 5) == V{{0, 5}});                           // decode step sees all
   CHECK(ranges(5, 3) == V{{0, 0}, {0, 0}, {0, 1}, {0, 2}, {0, 3}});  // first rows empty
-  p.window = 2;
+  p.window_left = 1;  // causal window of 2 keys counting the diagonal
   CHECK(ranges(3, 5) == V{{1, 3}, {2, 4}, {3, 5}});
-  p.window = 1;
+  p.window_left = 0;
   CHECK(ranges(4, 4) == V{{0, 1}, {1, 2}, {2, 3}, {3, 4}});
   p.causal = false;
-  p.window = 0;
+  p.window_left = -1;
   CHECK(ranges(2, 3) == V{{0, 3}, {0, 3}});
+  // Non-causal windows sit around the diagonal key d = i + Lk - Lq (SPEC §3).
+  p.window_left = p.window_right = 1;  // symmetric: 2w + 1 keys
+  CHECK(ranges(4, 4) == V{{0, 2}, {0, 3}, {1, 4}, {2, 4}});
+  p.window_left = 1;
+  p.window_right = 0;  // = causal with a window of 2 keys
+  CHECK(ranges(2, 5) == V{{2, 4}, {3, 5}});
+  p.window_left = -1;
+  p.window_right = 1;  // unlimited left, one key ahead
+  CHECK(ranges(3, 3) == V{{0, 2}, {0, 3}, {0, 3}});
+  p.window_left = 0;
+  p.window_right = -1;  // the diagonal and everything after it
+  CHECK(ranges(3, 5) == V{{2, 5}, {3, 5}, {4, 5}});
+  p.window_left = p.window_right = 0;  // Lq > Lk: the first diagonals lie before key 0
+  CHECK(ranges(4, 2) == V{{0, 0}, {0, 0}, {0, 1}, {1, 2}});
+  p.window_left = p.window_right = -1;
   p.range_lo = {0, 2};
   p.range_hi = {2, 2};
   CHECK(ranges(2, 3) == V{{0, 2}, {2, 2}});
+}
+
+TEST_CASE("the library's visible_range equals the reference's, windows up to INT64_MAX", "[reference][visibility]") {
+  // attention/visibility.hpp (every backend) against the reference's own
+  // long double form, over random shapes, causal or not, and window bounds
+  // from unlimited to INT64_MAX (which must neither overflow nor wrap: the
+  // dev preset runs this under UBSan).
+  constexpr index_t kMax = std::numeric_limits<index_t>::max();
+  const index_t bounds[] = {-1, -7, 0, 1, 2, 3, 5, 40, kMax - 1, kMax};
+  std::mt19937_64 rng(31);
+  ref::Problem<double> p;
+  for (int trial = 0; trial < 4000; ++trial) {
+    p.len_q = static_cast<index_t>(rng() % 9);
+    p.len_k = static_cast<index_t>(rng() % 9);
+    p.causal = rng() % 2 == 1;
+    p.window_left = bounds[rng() % 10];
+    p.window_right = bounds[rng() % 10];
+    continuum::Visibility v;
+    v.causal = p.causal;
+    v.window_left = p.window_left;
+    v.window_right = p.window_right;
+    for (index_t i = 0; i < p.len_q; ++i) {
+      const auto want = p.visible(0, i);
+      const auto got = continuum::visible_range(v, 0, i, p.len_q, p.len_k);
+      INFO("Lq=" << p.len_q << " Lk=" << p.len_k << " causal=" << p.causal << " window=(" << p.window_left << ","
+                 << p.window_right << ") i=" << i);
+      CHECK(got.lo == want.first);
+      CHECK(got.hi == want.second);
+    }
+  }
 }
 
 TEST_CASE("long double reference agrees with the 256-bit reference", "[reference]") {

@@ -168,8 +168,8 @@ struct Case {
   std::vector<ld> tau{1};  // 1, Hq or B*Hq*Lq values
   ld scale = 0;            // 0: 1/sqrt(D)
   bool causal = false;
-  long window = 0;
-  std::vector<long> lo, hi;  // [B, Lq] or empty
+  long window_left = -1, window_right = -1;  // SPEC §3, around the diagonal; negative = unlimited
+  std::vector<long> lo, hi;                  // [B, Lq] or empty
 };
 
 struct Out {
@@ -216,7 +216,9 @@ Out reference(const Case& c) {
         const ld tau = c.tau.size() == 1 ? c.tau[0] : c.tau.size() == c.Hq ? c.tau[h] : c.tau[row];
         long hi = long(c.Lk), lo = 0;
         if (c.causal) hi = std::min<long>(hi, long(i) + long(c.Lk) - long(c.Lq) + 1);
-        if (c.window > 0) lo = std::max<long>(0, hi - c.window);
+        const long diag = long(i) + long(c.Lk) - long(c.Lq);
+        if (c.window_left >= 0) lo = std::max<long>(lo, diag - c.window_left);
+        if (c.window_right >= 0) hi = std::min<long>(hi, diag + c.window_right + 1);
         if (!c.lo.empty()) {
           lo = std::max(lo, c.lo[b * c.Lq + i]);
           hi = std::min(hi, c.hi[b * c.Lq + i]);
@@ -391,7 +393,10 @@ TEST_CASE("make-example inputs round trip: continuum, causal, tau 0.3, float64",
 
 TEST_CASE("float32 inputs, GQA, per-head temperature file, sliding window", "[cli]") {
   const bool softmax = GENERATE(false, true);
-  const fs::path dir = scratch(softmax ? "gqa-softmax" : "gqa-continuum");
+  // 0: --causal --window 3, i.e. (2, 0); 1: a non-causal window (1, 2)
+  // around the diagonal key (SPEC §3).
+  const int window = GENERATE(0, 1);
+  const fs::path dir = scratch(std::string(softmax ? "gqa-softmax" : "gqa-continuum") + std::to_string(window));
   std::mt19937_64 rng(11);
   Case c;
   c.B = 2, c.Hq = 4, c.Hk = 2, c.Lq = 6, c.Lk = 6, c.D = 3, c.Dv = 2;
@@ -401,8 +406,9 @@ TEST_CASE("float32 inputs, GQA, per-head temperature file, sliding window", "[cl
   const std::vector<ld> dout = as_float(uniform_values(c.B * c.Hq * c.Lq * c.Dv, rng));
   c.tau = as_float({0.3L, 0.5L, 1.0L, 2.0L});
   c.softmax = softmax;
-  c.causal = true;
-  c.window = 3;
+  c.causal = window == 0;
+  c.window_left = window == 0 ? 2 : 1;  // --window 3 = (2, 0)
+  c.window_right = window == 0 ? -1 : 2;
   write_file(dir / "q.npy", npy_bytes<float>(c.q, {c.B, c.Hq, c.Lq, c.D}));
   write_file(dir / "k.npy", npy_bytes<float>(c.k, {c.B, c.Hk, c.Lk, c.D}));
   write_file(dir / "v.npy", npy_bytes<float>(c.v, {c.B, c.Hk, c.Lk, c.Dv}));
@@ -410,7 +416,8 @@ TEST_CASE("float32 inputs, GQA, per-head temperature file, sliding window", "[cl
   write_file(dir / "tau.npy", npy_bytes<float>(c.tau, {4}));
   const std::string d = dir.string();
   const Run r = run_tool(dir, "--q " + d + "/q.npy --k " + d + "/k.npy --v " + d + "/v.npy --do " +
-                                  d + "/do.npy --temperature " + d + "/tau.npy --causal --window 3" +
+                                  d + "/do.npy --temperature " + d + "/tau.npy" +
+                                  (window == 0 ? " --causal --window 3" : " --window-left 1 --window-right 2") +
                                   " --kernel " + (softmax ? "softmax" : "continuum") + " --out " + d +
                                   "/out");
   INFO(r.err);
@@ -558,7 +565,8 @@ TEST_CASE("bad command line: status 2, a device or folder as input, a folder in 
   REQUIRE(mk.rc == 0);
   const std::string inputs =
       "--q " + d + "/q.npy --k " + d + "/k.npy --v " + d + "/v.npy --do " + d + "/do.npy ";
-  const std::vector<std::string> usage{"--window 1.5", "--kernel foo", "--ranges " + d + "/q.npy", "--bogus"};
+  const std::vector<std::string> usage{"--window 1.5", "--kernel foo", "--ranges " + d + "/q.npy", "--bogus",
+                                       "--window 3 --window-left 1"};
   for (const std::string& bad : usage) {
     const Run r = run_tool(dir, inputs + bad + " --out " + d + "/out");
     INFO(bad << " stderr: " << r.err);

@@ -31,7 +31,7 @@ namespace continuum {
 ///                    inspection on small inputs; invisible keys get 0.
 /// \param args.temperature  τ > 0: scalar, per query head [Hq], or per query
 ///                    [B, Hq, Lq]; args.scale default 1/sqrt(D).
-/// \param args.visibility   full, causal (bottom-right), sliding window W,
+/// \param args.visibility   full, causal (bottom-right), sliding window (left, right),
 ///                    explicit [B, Lq] ranges, intersected (SPEC §3).
 /// \param args.num_threads  OpenMP threads (0 = runtime default); results are
 ///                    bitwise independent of it. Runs serially when called
@@ -39,7 +39,7 @@ namespace continuum {
 /// \throws std::invalid_argument naming the argument and the expected shape:
 ///         shape/stride mismatch, dim stride ≠ 1, negative strides, Hq not a
 ///         multiple of Hk, τ ≤ 0 or non-finite (every element), scale/τ
-///         overflowing, scale ≤ 0 or non-finite, window < 0, ranges outside
+///         overflowing, scale ≤ 0 or non-finite, ranges outside
 ///         [0, Lk] or lo > hi, null data with a non-empty shape, outputs
 ///         aliasing inputs or each other, self-overlapping output views,
 ///         strides × sizes overflowing a 64-bit element offset, D = 0

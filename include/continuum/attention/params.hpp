@@ -48,9 +48,16 @@ struct TensorView {
 struct Visibility {
   /// Causal, bottom-right aligned: hi_i = min(Lk, i + Lk - Lq + 1).
   bool causal = false;
-  /// Sliding window of W ≥ 1 keys counting the diagonal (0 = unlimited):
-  /// lo_i = max(0, hi_i - W). FlashAttention's window_size_left is W - 1.
-  index_t window = 0;
+  /// Sliding window around query i's diagonal key d_i = i + Lk - Lq (the
+  /// bottom-right alignment of causal), FlashAttention's
+  /// `window_size = (left, right)`: query i sees only keys
+  /// d_i - window_left ≤ j ≤ d_i + window_right. A negative bound is
+  /// unlimited on that side (the default, both sides). Causal is
+  /// window_right = 0; with causal, (W - 1, 0) is the sliding window of W keys
+  /// counting the diagonal, and without causal (w, w) is the symmetric local
+  /// window of 2w + 1 keys.
+  index_t window_left = -1;
+  index_t window_right = -1;
   /// Explicit per-query ranges, each [batch, Lq] contiguous, or null. When
   /// given they are intersected with causal/window. Covers padding and packing.
   const index_t* range_lo = nullptr;

@@ -164,7 +164,7 @@ struct Problem {
   std::vector<R> temperature{R(1)};
   R scale = R(1);
   bool causal = false;
-  index_t window = 0;
+  index_t window_left = -1, window_right = -1;  ///< negative = unlimited
   std::vector<index_t> range_lo, range_hi;
   Kernel kernel = Kernel::continuum;
 
@@ -192,7 +192,10 @@ struct Problem {
 
   /// SPEC §3, written out independently: [lo, hi) of query i in batch b.
   /// Full: [0, Lk). Causal (bottom-right): hi = min(Lk, i + Lk - Lq + 1).
-  /// Window W: lo = max(0, hi - W). Explicit ranges are intersected.
+  /// Window (left, right) around the diagonal key d = i + Lk - Lq:
+  /// d - left ≤ j ≤ d + right, a negative bound unlimited. Explicit ranges
+  /// are intersected. Bounds are compared in long double, so huge ones
+  /// cannot overflow here either.
   /// Returns lo ≥ hi for an empty row (normalised to lo = hi).
   std::pair<index_t, index_t> visible(index_t b, index_t i) const {
     index_t lo = 0, hi = len_k;
@@ -200,7 +203,9 @@ struct Problem {
       const index_t c = i + len_k - len_q + 1;
       if (c < hi) hi = c;
     }
-    if (window > 0 && hi - window > lo) lo = hi - window;
+    const long double d = static_cast<long double>(i) + len_k - len_q;
+    if (window_left >= 0 && d - window_left > lo) lo = static_cast<index_t>(d - window_left);
+    if (window_right >= 0 && d + window_right + 1 < hi) hi = static_cast<index_t>(d + window_right + 1);
     if (!range_lo.empty()) {
       const index_t rl = range_lo[static_cast<std::size_t>(b * len_q + i)];
       const index_t rh = range_hi[static_cast<std::size_t>(b * len_q + i)];
@@ -469,7 +474,8 @@ Problem<R> from_args(const ForwardArgs<T>& a) {
   }
   p.scale = a.scale ? exact<R>(*a.scale) : R(1) / sqrt(R(p.dim));
   p.causal = a.visibility.causal;
-  p.window = a.visibility.window;
+  p.window_left = a.visibility.window_left;
+  p.window_right = a.visibility.window_right;
   if (a.visibility.range_lo) {
     p.range_lo.assign(a.visibility.range_lo, a.visibility.range_lo + p.batch * p.len_q);
     p.range_hi.assign(a.visibility.range_hi, a.visibility.range_hi + p.batch * p.len_q);

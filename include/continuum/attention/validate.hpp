@@ -183,9 +183,6 @@ inline double check_scale(const char* fn, const std::optional<double>& scale, in
 }
 
 inline void check_visibility(const char* fn, const Visibility& v, const AttentionShape& s) {
-  if (v.window < 0)
-    fail(fn, "visibility.window: must be >= 0 (0 = no window, W >= 1 keys otherwise), got " +
-                 std::to_string(v.window));
   if ((v.range_lo == nullptr) != (v.range_hi == nullptr))
     fail(fn, "visibility.range_lo / range_hi: give both (each [B, Lq] = [" + std::to_string(s.batch) +
                  ", " + std::to_string(s.len_q) + "]) or neither");

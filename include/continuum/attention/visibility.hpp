@@ -17,22 +17,27 @@ struct KeyRange {
 /// Visible key range of query i of batch item b (SPEC §3):
 ///  * full: [0, Lk);
 ///  * causal, bottom-right aligned: hi = min(Lk, i + Lk − Lq + 1) (≤ 0: empty);
-///  * sliding window W ≥ 1 (0 = none): lo = max(0, hi − W), with hi the causal
-///    (or full) upper end;
+///  * sliding window (left, right) around the diagonal key d = i + Lk − Lq
+///    (negative = unlimited): lo = max(lo, d − left), hi = min(hi, d + right + 1),
+///    computed without overflow for any bound up to INT64_MAX;
 ///  * explicit ranges [B, Lq] (range_lo/range_hi): intersected with the above.
 /// The memory curve of the row is built from these keys only (SPEC §2).
 CONTINUUM_HOST_DEVICE inline KeyRange visible_range(const Visibility& vis, index_t b, index_t i,
                                                     index_t Lq, index_t Lk) {
+  // d may be negative (Lq > Lk) but |d| < max(Lq, Lk), so d + 1 and the
+  // differences below cannot overflow; the window bounds are only ever
+  // compared with them, never added.
+  const index_t d = i + (Lk - Lq);
   index_t hi = Lk;
-  if (vis.causal) {
-    const index_t h = i + (Lk - Lq) + 1;
-    hi = h < Lk ? h : Lk;
+  if (vis.causal) hi = d + 1 < hi ? d + 1 : hi;
+  // d + right + 1 < Lk  <=>  right < Lk - 1 - d  (= Lq - 1 - i ≥ 0).
+  if (vis.window_right >= 0 && vis.window_right < Lk - 1 - d) {
+    const index_t h = d + vis.window_right + 1;
+    hi = h < hi ? h : hi;
   }
   index_t lo = 0;
-  if (vis.window > 0) {
-    const index_t l = hi - vis.window;
-    lo = l > 0 ? l : 0;
-  }
+  // d - left > 0  <=>  left < d.
+  if (vis.window_left >= 0 && vis.window_left < d) lo = d - vis.window_left;
   if (vis.range_lo != nullptr && vis.range_hi != nullptr) {
     const index_t rl = vis.range_lo[b * Lq + i];
     const index_t rh = vis.range_hi[b * Lq + i];

@@ -44,7 +44,6 @@ void check_device_temperature(const char* fn, const Temperature<T>& t, const Att
 }
 
 inline void check_device_visibility(const char* fn, const Visibility& v) {
-  if (v.window < 0) detail::fail(fn, "visibility.window: must be >= 0, got " + std::to_string(v.window));
   if ((v.range_lo == nullptr) != (v.range_hi == nullptr))
     detail::fail(fn, "visibility.range_lo / range_hi: give both or neither");
 }
