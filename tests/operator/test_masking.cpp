@@ -113,7 +113,8 @@ void compare_clean(const Case<T>& c, const Poison& p, const Outputs<T>& ref, con
 /// heads) causal with Lq < Lk, 3 explicit ranges with padding (per batch item a
 /// length n_b: rows ≥ n_b are empty padded queries with garbage q and dO, keys ≥
 /// n_b padded keys with garbage), 4 KV cache (3 new queries over a 200-slot
-/// cache of which 131 are filled: the unused slots hold garbage).
+/// cache of which 131 are filled: the unused slots hold garbage), 5 non-causal
+/// window (left, right) = (3, 2) with garbage queries, dO and keys from t on.
 template <class T>
 void setup(Case<T>& c, Poison& p, int layout) {
   c.B = 1;
@@ -148,6 +149,10 @@ void setup(Case<T>& c, Poison& p, int layout) {
         }
       }
       break;
+    case 5:
+      c.vis.window_left = 3;
+      c.vis.window_right = 2;
+      break;
     case 4:
       c.Lq = 3;
       c.Lk = 200;
@@ -167,7 +172,7 @@ void setup(Case<T>& c, Poison& p, int layout) {
     const index_t n = layout == 3 ? (b == 0 ? 100 : 131) : layout == 4 ? 131 : t;
     for (index_t h = 0; h < c.Hk; ++h)
       for (index_t j = n; j < c.Lk; ++j) p.key[std::size_t((b * c.Hk + h) * c.Lk + j)] = 1;
-    if (layout == 1 || layout == 3)
+    if (layout == 1 || layout == 3 || layout == 5)
       for (index_t h = 0; h < c.Hq; ++h)
         for (index_t i = n; i < c.Lq; ++i) p.query[std::size_t((b * c.Hq + h) * c.Lq + i)] = 1;
   }
@@ -178,7 +183,7 @@ void setup(Case<T>& c, Poison& p, int layout) {
 TEMPLATE_TEST_CASE("masking is structural: hidden garbage changes no visible output bit", "[operator][masking]",
                    float, double) {
   using T = TestType;
-  const int layout = GENERATE(0, 1, 2, 3, 4);
+  const int layout = GENERATE(0, 1, 2, 3, 4, 5);
   const int kernel = GENERATE(0, 1);
   const bool fa = GENERATE(true, false);
   Case<T> c;
