@@ -964,22 +964,34 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
             }
             const index_t ref = ri.ref[i];
             const T dpref = ri.dpref[i];
-            double z = 0, aref = 0, aoth = 0, ef = 0, en = 0;
-            for (index_t c = ov0; c < ov1; ++c) {
-              const index_t cc = c + off, j = k0 + c;
-              const double al = double(alpha_r ? alpha_l[cc] + alpha_r[cc] : alpha_l[cc]);
-              z += al;
-              if (j == ref) {
-                aref += al;
-                continue;
+            // Far keys (|j − ref| > 1; every non-ref key for softmax) in one
+            // vector loop on each side of ref, then ref and its neighbours.
+            const index_t near = Continuum ? 1 : 0;
+            const index_t rc = ref - k0;  // ref's column (may lie outside the tile)
+            double zf = 0, ef = 0;
+            auto far = [&](index_t c0, index_t c1) {
+#pragma omp simd reduction(+ : zf, ef)
+              for (index_t c = c0; c < c1; ++c) {
+                const index_t cc = c + off;
+                const double al = double(alpha_r ? alpha_l[cc] + alpha_r[cc] : alpha_l[cc]);
+                zf += al;
+                ef += al * double(dpr[cc] - dpref);
               }
-              aoth += al;
-              const double hv = al * double(dpr[cc] - dpref);
-              if (Continuum && (j == ref - 1 || j == ref + 1))
-                en += hv;
-              else
-                ef += hv;
+            };
+            far(ov0, std::min(ov1, std::max(ov0, rc - near)));
+            far(std::max(ov0, std::min(ov1, rc + near + 1)), ov1);
+            double aref = 0, aoth = zf, en = 0;
+            for (index_t c = std::max(ov0, rc - near); c < std::min(ov1, rc + near + 1); ++c) {
+              const index_t cc = c + off;
+              const double al = double(alpha_r ? alpha_l[cc] + alpha_r[cc] : alpha_l[cc]);
+              if (c == rc) {
+                aref += al;
+              } else {
+                aoth += al;
+                en += al * double(dpr[cc] - dpref);
+              }
             }
+            const double z = aoth + aref;
             ri.z[i] += z;
             ri.a_ref[i] += aref;
             ri.a_other[i] += aoth;
