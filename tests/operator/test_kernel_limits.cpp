@@ -2,7 +2,9 @@
 // that failed before its fix:
 //  * attention_backward with zero heads (Hq = Hk = 0): the tiled kernel divided
 //    by the head count (SIGFPE). Validation may reject such calls elsewhere; the
-//    kernels themselves must not divide by zero, so they are called directly;
+//    kernels themselves must not divide by zero, so they are called directly
+//    (before the fix this died of SIGFPE at -O0, e.g. the dev preset; at -O2
+//    GCC moved the division past the early return for Hk = 0);
 //  * double storage, values near DBL_MAX, equal scores: Σ α_j v_j overflowed to
 //    inf although the output, the mean of the values, is 0.9·DBL_MAX.
 #include <catch2/catch.hpp>
