@@ -102,7 +102,9 @@ struct ForwardArgs {
   /// rounding each output once. true: opt in to the tiled FlashAttention-style
   /// kernels (backends/cpu/flash.hpp), which compute in the storage precision
   /// (for float about 2× faster; errors ~1e-6 of max|out| instead of one
-  /// rounding) and fall back to the exact kernels for inputs they do not suit.
+  /// rounding). A query row whose *visible* data they do not suit (a NaN or Inf,
+  /// scores beyond 4096, values near overflow) is computed by the exact
+  /// kernels; data a row cannot see never changes its result, on either path.
   /// Results stay independent of num_threads either way.
   bool float_arithmetic = false;
   /// OpenMP threads; 0 = the runtime's default. Results do not depend on it.
@@ -117,9 +119,9 @@ template <class T>
 struct BackwardArgs {
   TensorView<const T> query, key, value, out, grad_out;
   /// The forward's lse; optional for the CPU backend, which ignores it and
-  /// recomputes each row's maximum and Z (so it also works where lse
-  /// overflowed); the CUDA backend needs it. `out` is likewise not read by
-  /// the CPU backend.
+  /// recomputes each row's maximum, reference key and Z (so it also works where
+  /// lse overflowed, and a stale or wrong lse changes nothing); the CUDA backend
+  /// needs it. `out` is likewise not read by the CPU backend (either path).
   const accum_t<T>* lse = nullptr;
   TensorView<T> grad_query, grad_key, grad_value;
   accum_t<T>* grad_temperature = nullptr;
@@ -131,7 +133,9 @@ struct BackwardArgs {
   /// rounding each output once. true: opt in to the tiled FlashAttention-style
   /// kernels (backends/cpu/flash.hpp), which compute in the storage precision
   /// (for float about 2× faster; errors ~1e-6 of max|out| instead of one
-  /// rounding) and fall back to the exact kernels for inputs they do not suit.
+  /// rounding). A query row whose *visible* data they do not suit (a NaN or Inf,
+  /// scores beyond 4096, values near overflow) is computed by the exact
+  /// kernels; data a row cannot see never changes its result, on either path.
   /// Results stay independent of num_threads either way.
   bool float_arithmetic = false;
   int num_threads = 0;

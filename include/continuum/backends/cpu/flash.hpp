@@ -24,8 +24,18 @@
 // independent of the thread count and there are no atomics. Per tile, with one
 // halo key on each side (so every key of the tile sees both neighbours; key
 // tiles of kBc - 2 keys, so that S and dP are kBc columns):
-//   S, dP = dO · Vᵀ (GEMMs, kBc columns), E = e^{s - lse}, g = dP - Dl (Dl = dO·o),
+//   S, dP = dO · Vᵀ (GEMMs, kBc columns), E = e^{s - m}/Z, g = (dP - dP_ref) - δ,
 //   P (α / Z), dS (tridiagonal stencil), dV += Pᵀ dO, dK += dSᵀ (c q), dQ += dS K.
+// The row statistics (max m = s_ref, reference key ref, Z, δ = Dl - dP_ref, dS_ref)
+// are recomputed first by two sweeps over the same tiles (max and ref; then
+// Z and Σ α (dP - dP_ref)), in the reference-key form of the exact backward
+// (backward.hpp), which does not cancel when attention is concentrated; the
+// caller's lse and out are not read.
+// Masking is structural: every product that sums over keys or queries
+// (P·V, dS·K, Pᵀ·dO, dSᵀ·Q) sums only the pairs that see each other
+// (range_gemm), and which rows the tiled kernels take depends only on the data
+// each row sees (row_eligibility). Score products of hidden pairs are formed in
+// the S and dP tiles (element by element, never summed) and never read.
 // The Lq × Lk matrices are never stored: memory is O(tiles + rows).
 //
 // GQA: query head h reads key/value head h / (Hq / Hk) through the views, no copy.
@@ -49,6 +59,7 @@
 
 #include "../../attention/params.hpp"
 #include "../../attention/visibility.hpp"
+#include "backward.hpp"
 #include "tile_gemm.hpp"
 #include "vector_moments.hpp"
 
@@ -131,10 +142,91 @@ inline void gemm(index_t M, index_t N, index_t K, const T* A, index_t sa_r, inde
       const T a = A[r * sa_r + k * sa_k];
       const T* b = B + k * ldb;
 #  pragma omp simd
-      for (index_t n = 0; n < N; ++n) c[n] += a * b[n];
+      for (index_t n = 0; n < N; ++n) c[n] = madd(a, b[n], c[n]);
     }
   }
 #endif
+}
+
+/// Masked tile product, the structural form of masking: for every row m < M,
+///   C(m, :) += Σ_{k ∈ [kb[m], ke[m])} A(m, k) · B(k, :),
+/// A(m, k) = A[m·sa_r + (k − koff)·sa_k], B(k, :) = B + k·ldb, C(m, :) = C + m·ldc.
+/// Each row sums exactly its own k-range, in ascending k: a term outside it is
+/// never formed (not 0 × value: a NaN or Inf that the row must not see cannot
+/// reach it), and since every element is a running sum over k in order
+/// (tile_gemm.hpp, explicit multiply-add), a row's bits depend only on its own
+/// range and data, never on how rows are grouped. Rows go in runs of up to
+/// kGroup consecutive rows with non-empty ranges: the run's common range is one
+/// tile product, the ragged ends are products of one row (left end before, right
+/// end after, so the order of terms stays ascending).
+inline constexpr index_t kGroup = 6;  // = the micro-kernel's row block
+
+template <class T>
+inline void range_gemm(index_t M, index_t N, const T* A, index_t sa_r, index_t sa_k, index_t koff, const T* B,
+                       index_t ldb, T* C, index_t ldc, const index_t* kb, const index_t* ke) {
+  auto one = [&](index_t m, index_t k0, index_t k1) {
+    if (k1 > k0)
+      gemm<T>(1, N, k1 - k0, A + m * sa_r + (k0 - koff) * sa_k, sa_r, sa_k, B + k0 * ldb, ldb, C + m * ldc, ldc,
+              true);
+  };
+  for (index_t m = 0; m < M;) {
+    if (kb[m] >= ke[m]) {
+      ++m;
+      continue;
+    }
+    index_t g1 = m + 1;
+    index_t lo = kb[m], hi = ke[m];
+    while (g1 < M && g1 - m < kGroup && kb[g1] < ke[g1]) {
+      lo = std::max(lo, kb[g1]);
+      hi = std::min(hi, ke[g1]);
+      ++g1;
+    }
+    if (lo < hi && g1 - m > 1) {
+      for (index_t r = m; r < g1; ++r) one(r, kb[r], lo);
+      gemm<T>(g1 - m, N, hi - lo, A + m * sa_r + (lo - koff) * sa_k, sa_r, sa_k, B + lo * ldb, ldb, C + m * ldc,
+              ldc, true);
+      for (index_t r = m; r < g1; ++r) one(r, hi, ke[r]);
+    } else {
+      for (index_t r = m; r < g1; ++r) one(r, kb[r], ke[r]);
+    }
+    m = g1;
+  }
+}
+
+/// The transposed case of the backward (dK, dV): output row c (a key) sums
+/// over the query rows r < R that see it, A(c, r) = A[c + r·lda] (P or dS,
+/// row-major R × ncols), B(r, :) = B + r·ldb, C(c, :) = C + c·ldc; row r sees
+/// the key columns [ov0[r], ov1[r]). Where the rows that see each key are
+/// consecutive (causal, windows, monotone ranges) this is range_gemm with the
+/// row interval of each key; otherwise (arbitrary explicit ranges) each key
+/// sums its runs of consecutive rows one product at a time, in ascending r.
+template <class T>
+inline void key_range_gemm(index_t ncols, index_t R, index_t N, const T* A, index_t lda, const T* B, index_t ldb,
+                           T* C, index_t ldc, const index_t* ov0, const index_t* ov1, index_t* rb, index_t* re) {
+  bool intervals = true;
+  for (index_t c = 0; c < ncols; ++c) {
+    index_t r = 0;
+    while (r < R && !(ov0[r] <= c && c < ov1[r])) ++r;
+    rb[c] = r;
+    while (r < R && ov0[r] <= c && c < ov1[r]) ++r;
+    re[c] = r;
+    for (; r < R && intervals; ++r) intervals = !(ov0[r] <= c && c < ov1[r]);
+  }
+  if (intervals) {
+    range_gemm<T>(ncols, N, A, 1, lda, 0, B, ldb, C, ldc, rb, re);
+    return;
+  }
+  for (index_t c = 0; c < ncols; ++c)
+    for (index_t r = 0; r < R;) {
+      if (!(ov0[r] <= c && c < ov1[r])) {
+        ++r;
+        continue;
+      }
+      index_t r1 = r + 1;
+      while (r1 < R && ov0[r1] <= c && c < ov1[r1]) ++r1;
+      gemm<T>(1, N, r1 - r, A + c + r * lda, 1, lda, B + r * ldb, ldb, C + c * ldc, ldc, true);
+      r = r1;
+    }
 }
 
 /// Visible key range [lo, hi) of query i of batch b (SPEC §3, attention/visibility.hpp).
@@ -181,100 +273,136 @@ inline void serial_eigen_in_this_region() {
 
 
 // ---------------------------------------------------------------------------
-// When the tiled kernels apply. They compute in T (float accumulates in float)
-// and multiply whole tiles, so they need inputs for which that is safe:
-//  * every element of Q, K, V (and O, dO for the backward) finite — a NaN or
-//    Inf must reach only the rows that see it, and 0 · Inf in a tile product
-//    would spread it;
-//  * moderate scores: |s| ≤ c_max · max‖q_i‖ · max‖k_j‖ ≤ 4096, and values
-//    with Lk · max|v| ≤ 1e30 (float) / 1e290 (double);
-//  * no inspection outputs (probs, cell_mass).
-// Otherwise the callers use the exact (double-accumulating) kernels of
-// forward.hpp / backward.hpp. The scan is one pass over the inputs.
+// Which rows the tiled kernels take. They compute in T (float accumulates in
+// float), so a row needs, over the data it sees (its query, its dO, and the
+// keys and values in its visible range — nothing else):
+//  * every element finite (NaN and Inf get the exact kernels' semantics);
+//  * moderate scores: c_i ‖q_i‖ max_{j visible} ‖k_j‖ ≤ 4096, and
+//    (hi − lo + 1) · max|v| ≤ 1e30 (float) / 1e290 (double).
+// The decision is made per row, from visible data only, so what a row cannot
+// see never changes how (or by which kernel) it is computed. A row that does
+// not qualify is computed by the exact kernels on its own (the tiled pass treats
+// it as empty); when no row qualifies the whole call goes to the exact kernels.
+// Cost: one pass over Q, K, V (and dO), as the former whole-call scan.
 // ---------------------------------------------------------------------------
-template <class T>
-struct ViewStats {
-  double max_abs = 0;   ///< max |x| over all elements
-  double max_norm = 0;  ///< max over rows of ‖x_row‖₂
-  bool finite = true;
-};
-
-template <class T>
-inline void scan_rows(const TensorView<const T>& v, index_t r0, index_t r1, ViewStats<T>& st) {
-  // Rows are numbered over (batch, head, seq).
-  for (index_t r = r0; r < r1; ++r) {
-    const index_t s = r % v.seq, bh = r / v.seq;
-    const T* x = v.row(bh / v.heads, bh % v.heads, s);
-    T m = T(0);
-    double ss = 0;
-    int bad = 0;
-#pragma omp simd reduction(max : m) reduction(| : bad) reduction(+ : ss)
-    for (index_t d = 0; d < v.dim; ++d) {
-      const T a = x[d] < T(0) ? -x[d] : x[d];
-      bad |= !(a <= std::numeric_limits<T>::max());  // NaN or ±Inf
-      m = a > m ? a : m;
-      ss += double(a) * double(a);
-    }
-    st.max_abs = std::max(st.max_abs, double(m));
-    st.max_norm = std::max(st.max_norm, std::sqrt(ss));
-    st.finite = st.finite && !bad;
-  }
-}
-
-/// Scans the views (in parallel, `threads` threads) and returns their stats.
-template <class T, std::size_t N>
-inline void scan_views(const TensorView<const T> (&views)[N], ViewStats<T> (&out)[N], int threads) {
-  for (std::size_t k = 0; k < N; ++k) {
-    const TensorView<const T>& v = views[k];
-    const index_t rows = v.batch * v.heads * v.seq;
-    if (rows <= 0 || v.dim <= 0) continue;
-    double m = 0, nrm = 0;
-    int finite = 1;
-#if defined(_OPENMP)
-#  pragma omp parallel for num_threads(threads) if (threads > 1 && rows * v.dim > 65536) \
-      reduction(max : m, nrm) reduction(&& : finite) schedule(static)
-#endif
-    for (index_t c = 0; c < threads; ++c) {
-      ViewStats<T> st;
-      scan_rows(v, rows * c / threads, rows * (c + 1) / threads, st);
-      m = std::max(m, st.max_abs);
-      nrm = std::max(nrm, st.max_norm);
-      finite = finite && st.finite;
-    }
-    out[k].max_abs = m;
-    out[k].max_norm = nrm;
-    out[k].finite = finite != 0;
-  }
-}
-
-/// Smallest τ of the call (every element).
-template <class T>
-inline double min_temperature(const Temperature<T>& t, index_t B, index_t Hq, index_t Lq) {
-  if (t.shape == TemperatureShape::scalar) return double(t.value);
-  const index_t n = t.shape == TemperatureShape::per_head ? Hq : B * Hq * Lq;
-  double m = std::numeric_limits<double>::infinity();
-  for (index_t i = 0; i < n; ++i) m = std::min(m, double(t.data[i]));
-  return m;
-}
-
 template <class T>
 inline constexpr double kFlashBound = sizeof(T) == sizeof(float) ? 1e30 : 1e290;
 
-/// Largest score the tiled kernels take: |s_ij| ≤ c_max ‖q_i‖ ‖k_j‖ ≤ 4096.
-/// Beyond it attention is one-hot to many digits and the gradients cancel by
-/// as much as |s| (SPEC §6 with Σ_j dS_ij = 0); the exact kernel, which works
-/// with exactly shifted scores throughout, handles those rows.
+/// Largest score the tiled kernels take: |s_ij| ≤ c_i ‖q_i‖ ‖k_j‖ ≤ 4096.
+/// Beyond it the float scores themselves carry absolute errors ≳ 2.4e-4
+/// (ε_float · |s|); the exact kernel, which forms scores in double from exact
+/// products, handles those rows.
 inline constexpr double kFlashMaxScore = 4096.0;
 
-/// Whether scores and value sums stay in the tiled kernels' range (see above).
+/// ‖x‖₂ of one row, +inf when it holds a NaN or an Inf.
 template <class T>
-inline bool magnitudes_suit_flash(double scale, double tau_min, index_t D, index_t Lk, const ViewStats<T>& q,
-                                  const ViewStats<T>& k, const ViewStats<T>& v) {
-  (void)D;
-  if (!(tau_min > 0)) return false;
-  const double c = scale / tau_min;
-  const double smax = c * q.max_norm * k.max_norm;
-  return std::isfinite(c) && smax <= kFlashMaxScore && double(Lk + 1) * v.max_abs <= kFlashBound<T>;
+inline double row_norm_or_inf(const T* x, index_t n) {
+  double ss = 0;
+  int bad = 0;
+#pragma omp simd reduction(+ : ss) reduction(| : bad)
+  for (index_t d = 0; d < n; ++d) {
+    const double a = double(x[d]);
+    bad |= !(a - a == 0.0);  // NaN or ±Inf
+    ss += a * a;
+  }
+  return bad ? std::numeric_limits<double>::infinity() : std::sqrt(ss);
+}
+/// max |x_d| of one row, +inf when it holds a NaN or an Inf.
+template <class T>
+inline double row_max_abs_or_inf(const T* x, index_t n) {
+  double m = 0;
+  int bad = 0;
+#pragma omp simd reduction(max : m) reduction(| : bad)
+  for (index_t d = 0; d < n; ++d) {
+    const double a = double(x[d]);
+    bad |= !(a - a == 0.0);
+    const double b = a < 0 ? -a : a;
+    m = b > m ? b : m;
+  }
+  return bad ? std::numeric_limits<double>::infinity() : m;
+}
+
+/// Per-key magnitudes of one (batch, KV head): ‖k_j‖ and max|v_j| (+inf for a
+/// key or value with a NaN or Inf), and their maxima over blocks of kBc keys,
+/// so that the maximum over any range [lo, hi) costs O(kBc + Lk / kBc).
+struct KeyMagnitudes {
+  std::vector<double> kn, vm, kn_blk, vm_blk;
+  template <class T>
+  void build(const TensorView<const T>& key, const TensorView<const T>& value, index_t b, index_t hk) {
+    const index_t Lk = key.seq, nb = (Lk + kBc - 1) / kBc;
+    kn.resize(std::size_t(Lk));
+    vm.resize(std::size_t(Lk));
+    kn_blk.assign(std::size_t(nb), 0.0);
+    vm_blk.assign(std::size_t(nb), 0.0);
+    for (index_t j = 0; j < Lk; ++j) {
+      kn[j] = row_norm_or_inf(key.row(b, hk, j), key.dim);
+      vm[j] = row_max_abs_or_inf(value.row(b, hk, j), value.dim);
+      kn_blk[j / kBc] = std::max(kn_blk[j / kBc], kn[j]);
+      vm_blk[j / kBc] = std::max(vm_blk[j / kBc], vm[j]);
+    }
+  }
+  /// Maxima over the keys [lo, hi) (lo < hi).
+  void range_max(index_t lo, index_t hi, double& kmax, double& vmax) const {
+    kmax = vmax = 0;
+    index_t j = lo;
+    for (; j < hi && j % kBc != 0; ++j) kmax = std::max(kmax, kn[j]), vmax = std::max(vmax, vm[j]);
+    for (; j + kBc <= hi; j += kBc)
+      kmax = std::max(kmax, kn_blk[j / kBc]), vmax = std::max(vmax, vm_blk[j / kBc]);
+    for (; j < hi; ++j) kmax = std::max(kmax, kn[j]), vmax = std::max(vmax, vm[j]);
+  }
+};
+
+/// Per-row eligibility for the tiled kernels (see above), indexed by the row
+/// id (b·Hq + h)·Lq + i: 1 = tiled, 0 = exact. grad_out is null for the
+/// forward. Returns the number of rows with a visible key that are not taken.
+template <class T>
+index_t row_eligibility(const TensorView<const T>& query, const TensorView<const T>& key,
+                        const TensorView<const T>& value, const TensorView<const T>* grad_out,
+                        const Visibility& vis, const Temperature<T>& temp, double scale, int threads,
+                        std::vector<char>& ok, index_t& visible_rows) {
+  const index_t B = query.batch, Hq = query.heads, Hk = key.heads, Lq = query.seq, Lk = key.seq;
+  ok.assign(std::size_t(B * Hq * Lq), 1);
+  visible_rows = 0;
+  if (Hk <= 0 || B <= 0 || Lq <= 0 || Hq <= 0) return 0;
+  const index_t group = Hq / Hk, ntasks = B * Hk;
+  index_t rejected = 0, visible = 0;
+#if defined(_OPENMP)
+#  pragma omp parallel num_threads(threads) if (threads > 1 && ntasks > 1) reduction(+ : rejected, visible)
+#endif
+  {
+    KeyMagnitudes km;
+#if defined(_OPENMP)
+#  pragma omp for schedule(dynamic, 1)
+#endif
+    for (index_t task = 0; task < ntasks; ++task) {
+      const index_t b = task / Hk, hk = task % Hk;
+      km.build(key, value, b, hk);
+      for (index_t h = hk * group; h < (hk + 1) * group; ++h)
+        for (index_t i = 0; i < Lq; ++i) {
+          const KeyRange rg = visible_range(vis, b, i, Lq, Lk);
+          if (rg.empty()) continue;
+          ++visible;
+          const double tau = double(temperature_of(temp, b, h, i, Hq, Lq));
+          const double c = scale / tau;
+          double kmax, vmax;
+          km.range_max(rg.lo, rg.hi, kmax, vmax);
+          const double qn = row_norm_or_inf(query.row(b, h, i), query.dim);
+          bool fine = tau > 0 && std::isfinite(c) && c * qn * kmax <= kFlashMaxScore &&
+                      double(rg.size() + 1) * vmax <= kFlashBound<T>;
+          if (fine && grad_out) {
+            // dP = dO · Vᵀ stays far from overflow.
+            const double gm = row_max_abs_or_inf(grad_out->row(b, h, i), grad_out->dim);
+            fine = double(std::max(value.dim, rg.size()) + 1) * gm * vmax <= kFlashBound<T>;
+          }
+          if (!fine) {
+            ok[std::size_t((b * Hq + h) * Lq + i)] = 0;
+            ++rejected;
+          }
+        }
+    }
+  }
+  visible_rows = visible;
+  return rejected;
 }
 
 // ---------------------------------------------------------------------------
@@ -489,17 +617,18 @@ struct ForwardWorkspace {
   RowMatrix<T> o;       // kBr × Dv accumulators
   std::vector<T> m, l;
   std::vector<RowRange> range;
+  std::vector<index_t> kb, ke;  // per row, the keys [kb, ke) of its P·V terms in the tile
   ForwardWorkspace(index_t D, index_t Dv)
       : q(kBr, D), kt(D, kBc), s(RowMatrix<T>::Zero(kBr, kBc + 1 + kPad<T>)), w(kBr, kBc + 1 + kPad<T>), o(kBr, Dv),
         m(kBr), l(kBr),
-        range(kBr) {}
+        range(kBr), kb(kBr), ke(kBr) {}
 };
 
 /// One query block [i0, i1) of (batch b, query head h). Continuum selects the
 /// three-point stencil (true) or softmax's e^s (false).
-template <class T, bool Continuum, bool StatsOnly = false>
+template <class T, bool Continuum>
 void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, index_t i1, double scale,
-                   ForwardWorkspace<T>& ws, T* stat_m = nullptr, T* stat_l = nullptr) {
+                   ForwardWorkspace<T>& ws, const char* ok) {
   const index_t Lq = a.query.seq, Lk = a.key.seq, D = a.query.dim, Dv = a.value.dim;
   const index_t Hq = a.query.heads;
   const index_t hk = h / (Hq / a.key.heads);
@@ -510,6 +639,9 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, in
   for (index_t r = 0; r < nr; ++r) {
     const index_t i = i0 + r;
     ws.range[r] = row_range(a.visibility, b, i, Lq, Lk);
+    // A row the tiled kernel does not take (see RowEligibility) is computed
+    // here as empty and rewritten by the exact kernel afterwards.
+    if (ok && !ok[(b * Hq + h) * Lq + i]) ws.range[r] = {0, 0};
     if (ws.range[r].hi > ws.range[r].lo) {
       kmin = std::min(kmin, ws.range[r].lo);
       kmax = std::max(kmax, ws.range[r].hi);
@@ -565,10 +697,8 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, in
         const index_t lo = ws.range[r].lo, hi = ws.range[r].hi;
         T* wr = ws.w.row(r).data();
         const index_t vlo = std::max(lo, k0), vhi = std::min(hi, k1);
-        if (vlo >= vhi) {
-          std::fill(wr, wr + nc + 1, T(0));
-          continue;
-        }
+        ws.kb[r] = ws.ke[r] = 0;
+        if (vlo >= vhi) continue;
         const T* sr = ws.s.row(r).data();
         // Tile columns of the visible keys: [cv0, cv1).
         const index_t cv0 = vlo - key0, cv1 = vhi - key0;
@@ -589,16 +719,14 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, in
           lsum = row_continuum_weights(sr, m, wr, ce0, cv1, lo >= k0, hi <= k1);
         else
           lsum = row_exp_sum(sr, m, wr, ce0, cv1);
-        std::fill(wr, wr + ce0, T(0));
-        if (cv1 < nc + 1) std::fill(wr + cv1, wr + nc + 1, T(0));
         ws.l[r] += lsum;
+        ws.kb[r] = key0 + ce0;  // the row's own keys (halo included when visible)
+        ws.ke[r] = key0 + cv1;
       }
-      // O += W · V over the keys [u0 - 1, u1) (the halo key only when it exists).
-      const index_t p0 = (Continuum && u0 > 0) ? u0 - 1 - key0 : u0 - key0;
-      const index_t p1 = u1 - key0;
-      if (!StatsOnly)
-        gemm<T>(r1 - r0, Dv, p1 - p0, ws.w.data() + r0 * ldw + p0, ldw, 1, a.value.row(b, hk, key0 + p0), ldv,
-                ws.o.data() + r0 * Dv, Dv, true);
+      // O += W · V, each row over its own visible keys only (range_gemm): a
+      // value the row cannot see never enters its sum.
+      range_gemm<T>(r1 - r0, Dv, ws.w.data() + r0 * ldw, ldw, 1, key0, a.value.row(b, hk, 0), ldv,
+                      ws.o.data() + r0 * Dv, Dv, ws.kb.data() + r0, ws.ke.data() + r0);
     }
     // Keep this tile's last score as the next tile's halo (column kBc).
     if (nc < kBc)
@@ -608,39 +736,33 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, in
   for (index_t r = 0; r < nr; ++r) {
     const index_t i = i0 + r;
     const bool empty = !(ws.l[r] > T(0));
-    if (!StatsOnly) {
+    {
       T* out = a.out.row(b, h, i);
       const T inv = empty ? T(0) : T(1) / ws.l[r];
       for (index_t d = 0; d < Dv; ++d) out[d] = empty ? T(0) : ws.o(r, d) * inv;
     }
     if (a.lse) a.lse[(b * Hq + h) * Lq + i] = empty ? kNegInf : ws.m[r] + std::log(ws.l[r]);
-    // Row statistics for the backward: max score m and Σ α e^{-m} (exact
-    // shifts s - m keep P accurate where lse = m + log l would round).
-    if (stat_m) stat_m[(b * Hq + h) * Lq + i] = empty ? kNegInf : ws.m[r];
-    if (stat_l) stat_l[(b * Hq + h) * Lq + i] = empty ? T(0) : ws.l[r];
   }
 }
 
 /// Tiled forward. `scale` is the softmax scale (validated by the caller).
-/// Returns false, having written nothing, when the inputs do not suit the
-/// tiled kernel (see "When the tiled kernels apply"); the caller then runs the
-/// exact kernel.
-template <class T, bool Continuum>
-bool forward_native(const ForwardArgs<T>& a, double scale) {
+/// Rows the tiled kernel does not take (row_eligibility) are handed to
+/// exact_rows(rows), which computes each of them with the exact kernel; when
+/// no row with a visible key qualifies, returns false having written nothing
+/// (the caller then runs the exact kernel on the whole call).
+template <class T, bool Continuum, class ExactRows>
+bool forward_native(const ForwardArgs<T>& a, double scale, ExactRows&& exact_rows) {
   const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq, D = a.query.dim;
-  const index_t Dv = a.value.dim, Lk = a.key.seq;
+  const index_t Dv = a.value.dim;
   if (a.probs || a.cell_mass) return false;
   const index_t nqb = (Lq + kBr - 1) / kBr;
   const index_t ntasks = B * Hq * nqb;
   const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
-  {
-    const TensorView<const T> views[3] = {a.query, a.key, a.value};
-    ViewStats<T> st[3];
-    scan_views(views, st, threads);
-    if (!st[0].finite || !st[1].finite || !st[2].finite) return false;
-    if (!magnitudes_suit_flash(scale, min_temperature(a.temperature, B, Hq, Lq), D, Lk, st[0], st[1], st[2]))
-      return false;
-  }
+  std::vector<char> ok;
+  index_t visible = 0;
+  const index_t rejected = row_eligibility<T>(a.query, a.key, a.value, nullptr, a.visibility, a.temperature, scale,
+                                              threads, ok, visible);
+  if (rejected > 0 && rejected == visible) return false;
   if (ntasks == 0) return true;
 #if defined(_OPENMP)
 #  pragma omp parallel num_threads(threads) if (threads > 1)
@@ -657,8 +779,14 @@ bool forward_native(const ForwardArgs<T>& a, double scale) {
       const index_t bh = task / nqb;
       const index_t b = bh / Hq, h = bh % Hq;
       const index_t i0 = qb * kBr, i1 = std::min(Lq, i0 + kBr);
-      forward_block<T, Continuum>(a, b, h, i0, i1, scale, ws);
+      forward_block<T, Continuum>(a, b, h, i0, i1, scale, ws, rejected ? ok.data() : nullptr);
     }
+  }
+  if (rejected > 0) {
+    std::vector<index_t> rows;
+    for (index_t r = 0; r < index_t(ok.size()); ++r)
+      if (!ok[std::size_t(r)]) rows.push_back(r);
+    exact_rows(rows);
   }
   return true;
 }
@@ -677,6 +805,11 @@ struct BackwardWorkspace {
   RowMatrix<T> ds;   // kBrBwd × kBc
   RowMatrix<T> dk, dv;  // kBc × D, kBc × Dv
   std::vector<T> e, g, ax, ay, dx, dy;
+  // Per row of the tile: its visible key columns [ov0, ov1) and keys [kb, ke);
+  // per key column: the rows [rb, re) that see it (key_range_gemm).
+  std::vector<index_t> ov0 = std::vector<index_t>(kBrBwd), ov1 = std::vector<index_t>(kBrBwd),
+                       kb = std::vector<index_t>(kBrBwd), ke = std::vector<index_t>(kBrBwd),
+                       rb = std::vector<index_t>(kBc), re = std::vector<index_t>(kBc);
   BackwardWorkspace(index_t D, index_t Dv)
       : q(kBrBwd, D), dout(kBrBwd, Dv), kt(D, kBc + 2 + kPad<T>), vt(Dv, kBc + 2 + kPad<T>),
         s(kBrBwd, kBc + 2 + kPad<T>), dp(kBrBwd, kBc + 2 + kPad<T>), p(kBrBwd, kBc), ds(kBrBwd, kBc),
@@ -688,12 +821,15 @@ struct BackwardWorkspace {
 template <class T>
 struct RowInfo {
   std::vector<RowRange> range;
-  std::vector<T> c, tau, dl, m, inv_l;  // P_ij = e^{s_ij - m_i} · inv_l_i
+  std::vector<T> c, tau, m, inv_l;  // P_ij = e^{s_ij - m_i} · inv_l_i, m_i = s_i,ref
+  std::vector<index_t> ref;          // the row's reference key: its first visible key at the maximum
+  std::vector<T> dpref, delta, dsref;  // dP at ref; δ = Dl − dP_ref; dS at ref
+  std::vector<double> z, a_ref, a_other, e_far, e_near;  // Σ α̃, α̃_ref, Σ_{k≠ref} α̃, Σ α̃ h (far / near ref)
   std::vector<double> dts;  // Σ_j dS_ij s_ij (for dτ), summed in double
 };
 
 template <class T, bool Continuum>
-void backward_head(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, index_t b, index_t hk, double scale,
+void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t hk, double scale,
                    BackwardWorkspace<T>& ws,
                    std::vector<RowInfo<T>>& rows /* one per query head of the group */) {
   const bool want_dk = a.grad_key.data != nullptr;
@@ -702,35 +838,28 @@ void backward_head(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, i
   const index_t Hq = a.query.heads, group = Hq / a.key.heads;
   const index_t ldk = a.key.stride_seq, ldv = a.value.stride_seq;
   const index_t lds = ws.s.cols();
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
-  // Per-row setup: ranges, scales, Dl_i = dO_i · o_i.
+  // Per-row setup: ranges and scales.
   for (index_t gq = 0; gq < group; ++gq) {
     const index_t h = hk * group + gq;
     RowInfo<T>& ri = rows[gq];
     ri.range.resize(Lq);
     ri.c.resize(Lq);
     ri.tau.resize(Lq);
-    ri.dl.resize(Lq);
-    ri.m.resize(Lq);
-    ri.inv_l.resize(Lq);
-    ri.dts.assign(Lq, 0.0);
+    ri.m.assign(Lq, kNegInf);
+    ri.inv_l.assign(Lq, T(0));
+    ri.ref.assign(Lq, -1);
+    ri.dpref.assign(Lq, T(0));
+    ri.delta.assign(Lq, T(0));
+    ri.dsref.assign(Lq, T(0));
+    for (auto* v : {&ri.z, &ri.a_ref, &ri.a_other, &ri.e_far, &ri.e_near, &ri.dts}) v->assign(Lq, 0.0);
     for (index_t i = 0; i < Lq; ++i) {
       ri.range[i] = row_range(a.visibility, b, i, Lq, Lk);
       ri.tau[i] = temperature_of(a.temperature, b, h, i, Hq, Lq);
       ri.c[i] = T(scale / double(ri.tau[i]));
-      const index_t row = (b * Hq + h) * Lq + i;
-      ri.m[i] = stat_m[row];
-      ri.inv_l[i] = stat_l ? (stat_l[row] > T(0) ? T(1) / stat_l[row] : T(0)) : T(1);
-      {
-        const T* o = a.out.row(b, h, i);
-        const T* go = a.grad_out.row(b, h, i);
-        T dl = T(0);
-        for (index_t d = 0; d < Dv; ++d) dl += go[d] * o[d];
-        ri.dl[i] = dl;
-      }
-      if (ri.range[i].hi <= ri.range[i].lo || !(ri.m[i] > -std::numeric_limits<T>::infinity()) ||
-          !(ri.inv_l[i] > T(0)))
-        ri.range[i] = {0, 0};  // empty row: no contribution, zero gradients
+      if (ri.range[i].hi <= ri.range[i].lo || (ok && !ok[(b * Hq + h) * Lq + i]))
+        ri.range[i] = {0, 0};  // empty (or left to the exact kernel): no contribution here
     }
     if (a.grad_query.data)
       for (index_t i = 0; i < Lq; ++i) {
@@ -742,6 +871,167 @@ void backward_head(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, i
   // Key tiles of kBc - 2 keys for continuum: with a halo key on each side the
   // S and dP products are kBc columns wide, a whole number of vectors.
   constexpr index_t kTile = Continuum ? kBc - 2 : kBc;
+
+  // Row statistics, recomputed from Q, K, V, dO (the caller's lse and out are
+  // not read), in the reference-key form of the exact backward
+  // (backends/cpu/backward.hpp): with ref_i the row's first visible key at the
+  // maximum, m_i = s_i,ref and h_ij = dP_ij − dP_i,ref (h_ref = 0 exactly),
+  //   δ_i = Dl_i − dP_i,ref = Σ_j α̃_ij h_ij / Z̃_i,   g_ij = dP_ij − Dl_i = h_ij − δ_i,
+  // so that nothing cancels when attention is concentrated on ref (FlashAttention-2's
+  // Dl = dO·o of the rounded output cancels there), and dS_ref comes from
+  // reference_grad_score (a sum of terms without cancellation).
+  // Sweep 0: m_i and ref_i. Sweep 1: Z̃_i, α̃_ref, Σ_{k≠ref} α̃, E_far, E_near.
+  std::fill(ws.g.begin(), ws.g.end(), T(0));  // g ≡ 0 in sweep 1: only the weights are wanted
+  for (int sweep = 0; sweep < 2; ++sweep) {
+    if (sweep == 1)
+      for (index_t gq = 0; gq < group; ++gq) {
+        const index_t h = hk * group + gq;
+        RowInfo<T>& ri = rows[gq];
+        for (index_t i = 0; i < Lq; ++i) {
+          if (ri.range[i].hi <= ri.range[i].lo) continue;
+          // dP at ref with the tile product's own operations (a running
+          // multiply-add from 0 in d order): the same bits as its dP column.
+          const T* go = a.grad_out.row(b, h, i);
+          const T* vr = a.value.row(b, hk, ri.ref[i]);
+          T acc = T(0);
+          for (index_t d = 0; d < Dv; ++d) acc = madd(go[d], vr[d], acc);
+          ri.dpref[i] = acc;
+        }
+      }
+    for (index_t k0 = 0; k0 < Lk; k0 += kTile) {
+      const index_t k1 = std::min(k0 + kTile, Lk);
+      const index_t kk0 = Continuum ? std::max<index_t>(k0 - 1, 0) : k0;
+      const index_t kk1 = Continuum ? std::min(k1 + 1, Lk) : k1;
+      const index_t off = k0 - kk0, nk = kk1 - kk0;
+      const index_t nkp = round_up(nk, kPad<T>);
+      pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), nkp);
+      if (sweep == 1) pack_transposed(a.value.row(b, hk, kk0), ldv, nk, Dv, ws.vt.data(), nkp);
+      for (index_t gq = 0; gq < group; ++gq) {
+        const index_t h = hk * group + gq;
+        RowInfo<T>& ri = rows[gq];
+        for (index_t i0 = 0; i0 < Lq; i0 += kBrBwd) {
+          const index_t i1 = std::min(Lq, i0 + kBrBwd);
+          const index_t nr = i1 - i0;
+          bool any = false;
+          for (index_t i = i0; i < i1 && !any; ++i) any = ri.range[i].lo < k1 && ri.range[i].hi > k0;
+          if (!any) continue;
+          for (index_t r = 0; r < nr; ++r) {
+            const index_t i = i0 + r;
+            const T* qi = a.query.row(b, h, i);
+            const T c = ri.c[i];
+            T* qs = ws.q.row(r).data();
+            for (index_t d = 0; d < D; ++d) qs[d] = c * qi[d];
+            if (sweep == 1) {
+              const T* go = a.grad_out.row(b, h, i);
+              std::copy(go, go + Dv, ws.dout.row(r).data());
+            }
+          }
+          gemm<T>(nr, nkp, D, ws.q.data(), D, 1, ws.kt.data(), nkp, ws.s.data(), lds, false);
+          if (sweep == 1)
+            gemm<T>(nr, nkp, Dv, ws.dout.data(), Dv, 1, ws.vt.data(), nkp, ws.dp.data(), lds, false);
+          for (index_t r = 0; r < nr; ++r) {
+            const index_t i = i0 + r;
+            const index_t lo = ri.range[i].lo, hi = ri.range[i].hi;
+            if (!(lo < k1 && hi > k0)) continue;
+            const T* sr = ws.s.row(r).data();
+            const index_t ov0 = std::max(lo, k0) - k0, ov1 = std::min(hi, k1) - k0;
+            if (sweep == 0) {
+              const T mt = row_max(sr, ov0 + off, ov1 + off);
+              if (mt > ri.m[i]) {
+                ri.m[i] = mt;
+                index_t c = ov0 + off;
+                while (!(sr[c] == mt)) ++c;
+                ri.ref[i] = kk0 + c;
+              }
+              continue;
+            }
+            const T* dpr = ws.dp.row(r).data();
+            const index_t kv0 = std::max<index_t>(lo - kk0, 0), kv1 = std::min(hi - kk0, nk);
+            T* e = ws.e.data();
+            row_exp(sr, e, ri.m[i], kv0, kv1);
+            const T* alpha_l = e;  // softmax: α = e
+            const T* alpha_r = nullptr;
+            if constexpr (Continuum) {
+              T* ax = ws.ax.data();
+              T* ay = ws.ay.data();
+              row_segments_backward(sr, e, ws.g.data(), ax, ay, ws.dx.data(), ws.dy.data(), kv0 + 1, kv1);
+              ay[kv0] = T(0);
+              ax[kv1 - 1] = T(0);
+              if (lo >= kk0) ay[lo - kk0] += T(0.5) * e[lo - kk0];
+              if (hi <= kk1) ax[hi - 1 - kk0] += T(0.5) * e[hi - 1 - kk0];
+              alpha_l = ax;
+              alpha_r = ay;
+            }
+            const index_t ref = ri.ref[i];
+            const T dpref = ri.dpref[i];
+            // Far keys (|j − ref| > 1; every non-ref key for softmax) in one
+            // vector loop on each side of ref, then ref and its neighbours.
+            const index_t near = Continuum ? 1 : 0;
+            const index_t rc = ref - k0;  // ref's column (may lie outside the tile)
+            double zf = 0, ef = 0;
+            auto far = [&](index_t c0, index_t c1) {
+#pragma omp simd reduction(+ : zf, ef)
+              for (index_t c = c0; c < c1; ++c) {
+                const index_t cc = c + off;
+                const double al = double(alpha_r ? alpha_l[cc] + alpha_r[cc] : alpha_l[cc]);
+                zf += al;
+                ef += al * double(dpr[cc] - dpref);
+              }
+            };
+            far(ov0, std::min(ov1, std::max(ov0, rc - near)));
+            far(std::max(ov0, std::min(ov1, rc + near + 1)), ov1);
+            double aref = 0, aoth = zf, en = 0;
+            for (index_t c = std::max(ov0, rc - near); c < std::min(ov1, rc + near + 1); ++c) {
+              const index_t cc = c + off;
+              const double al = double(alpha_r ? alpha_l[cc] + alpha_r[cc] : alpha_l[cc]);
+              if (c == rc) {
+                aref += al;
+              } else {
+                aoth += al;
+                en += al * double(dpr[cc] - dpref);
+              }
+            }
+            const double z = aoth + aref;
+            ri.z[i] += z;
+            ri.a_ref[i] += aref;
+            ri.a_other[i] += aoth;
+            ri.e_far[i] += ef;
+            ri.e_near[i] += en;
+          }
+        }
+      }
+    }
+  }
+  {
+    using Stencil = std::conditional_t<Continuum, ContinuumStencil, SoftmaxStencil>;
+    const AttentionShape sh{a.query.batch, Hq, a.key.heads, Lq, Lk, D, Dv};
+    std::vector<double> qd(static_cast<std::size_t>(D));
+    for (index_t gq = 0; gq < group; ++gq) {
+      const index_t h = hk * group + gq;
+      RowInfo<T>& ri = rows[gq];
+      for (index_t i = 0; i < Lq; ++i) {
+        const RowRange rg = ri.range[i];
+        if (rg.hi <= rg.lo) continue;
+        const double z = ri.z[i];
+        if (!(z > 0)) {
+          ri.range[i] = {0, 0};
+          continue;
+        }
+        ri.inv_l[i] = T(1.0 / z);
+        ri.delta[i] = T((ri.e_far[i] + ri.e_near[i]) / z);
+        const T* qi = a.query.row(b, h, i);
+        for (index_t d = 0; d < D; ++d) qd[std::size_t(d)] = double(qi[d]);
+        const index_t ref = ri.ref[i];
+        const double mraw = raw_dot(qd.data(), a.key.row(b, hk, ref), D);
+        const double dpref = raw_dot(a.grad_out.row(b, h, i), a.value.row(b, hk, ref), Dv);
+        const double zds = reference_grad_score<T, Stencil>(
+            a, sh, b, h, i, KeyRange{rg.lo, rg.hi}, ref, scale / double(ri.tau[i]), qd.data(), 0, mraw, dpref,
+            ri.a_ref[i], ri.a_other[i], z, ri.e_far[i], ri.e_near[i]);
+        ri.dsref[i] = T(zds / z);
+      }
+    }
+  }
+
   for (index_t k0 = 0; k0 < Lk; k0 += kTile) {
     const index_t k1 = std::min(k0 + kTile, Lk);
     const index_t nc = k1 - k0;
@@ -781,30 +1071,27 @@ void backward_head(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, i
           const index_t lo = ri.range[i].lo, hi = ri.range[i].hi;
           T* pr = ws.p.row(r).data();
           T* dsr = ws.ds.row(r).data();
-          if (!(lo < k1 && hi > k0)) {
-            std::fill(pr, pr + nc, T(0));
-            std::fill(dsr, dsr + nc, T(0));
-            continue;
-          }
+          ws.ov0[r] = ws.ov1[r] = ws.kb[r] = ws.ke[r] = 0;
+          if (!(lo < k1 && hi > k0)) continue;
           const T* sr = ws.s.row(r).data();
           const T* dpr = ws.dp.row(r).data();
-          const T m = ri.m[i], inv_l = ri.inv_l[i], dl = ri.dl[i];
+          const T m = ri.m[i], inv_l = ri.inv_l[i], dpref = ri.dpref[i], delta = ri.delta[i];
           // Visible knots of the extended tile (columns [kv0, kv1)) and the
           // visible output columns [ov0, ov1) (column c of p/ds is key k0 + c).
           const index_t kv0 = std::max<index_t>(lo - kk0, 0), kv1 = std::min(hi - kk0, nk);
           const index_t ov0 = std::max(lo, k0) - k0, ov1 = std::min(hi, k1) - k0;
+          ws.ov0[r] = ov0;
+          ws.ov1[r] = ov1;
+          ws.kb[r] = k0 + ov0;
+          ws.ke[r] = k0 + ov1;
           T* e = ws.e.data();
           T* g = ws.g.data();
           row_exp(sr, e, m, kv0, kv1);
 #pragma omp simd
           for (index_t c = kv0; c < kv1; ++c) {
             e[c] *= inv_l;
-            g[c] = dpr[c] - dl;
+            g[c] = (dpr[c] - dpref) - delta;  // h − δ: exact 0 − δ at ref
           }
-          std::fill(pr, pr + ov0, T(0));
-          std::fill(pr + ov1, pr + nc, T(0));
-          std::fill(dsr, dsr + ov0, T(0));
-          std::fill(dsr + ov1, dsr + nc, T(0));
           double dts = 0;
           if constexpr (Continuum) {
             T* ax = ws.ax.data();  // weight a knot gets from its right-hand segment
@@ -840,6 +1127,10 @@ void backward_head(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, i
               dts += double(dsr[c]) * double(sr[c] - m);
             }
           }
+          // dS at ref in its cancellation-free form (the stencil's value there
+          // is a difference of nearly equal terms when attention is concentrated);
+          // its dτ term is 0 either way (s_ref − m = 0).
+          if (ri.ref[i] >= k0 && ri.ref[i] < k1) dsr[ri.ref[i] - k0] = ri.dsref[i];
           if (hi - lo == 1) {
             // One visible key: P ≡ 1 whatever the score, so dS = 0 exactly
             // (the computed dP - Dl would leave a rounding residue).
@@ -848,13 +1139,19 @@ void backward_head(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, i
           }
           ri.dts[i] += dts;
         }
+        // dV += Pᵀ dO, dK += dSᵀ (c q), dQ += dS K: each output sums only the
+        // (query, key) pairs that see each other (range_gemm, key_range_gemm),
+        // so a key, value, query or dO hidden from an output never enters it.
         const index_t ldp = ws.p.cols();
         if (want_dv)
-          gemm<T>(nc, Dv, nr, ws.p.data(), 1, ldp, ws.dout.data(), Dv, ws.dv.data(), Dv, true);
-        if (want_dk) gemm<T>(nc, D, nr, ws.ds.data(), 1, ldp, ws.q.data(), D, ws.dk.data(), D, true);
+          key_range_gemm<T>(nc, nr, Dv, ws.p.data(), ldp, ws.dout.data(), Dv, ws.dv.data(), Dv, ws.ov0.data(),
+                            ws.ov1.data(), ws.rb.data(), ws.re.data());
+        if (want_dk)
+          key_range_gemm<T>(nc, nr, D, ws.ds.data(), ldp, ws.q.data(), D, ws.dk.data(), D, ws.ov0.data(),
+                            ws.ov1.data(), ws.rb.data(), ws.re.data());
         if (a.grad_query.data)
-          gemm<T>(nr, D, nc, ws.ds.data(), ldp, 1, a.key.row(b, hk, k0), ldk, a.grad_query.row(b, h, i0),
-                  a.grad_query.stride_seq, true);
+          range_gemm<T>(nr, D, ws.ds.data(), ldp, 1, k0, a.key.row(b, hk, 0), ldk, a.grad_query.row(b, h, i0),
+                        a.grad_query.stride_seq, ws.kb.data(), ws.ke.data());
       }
     }
     if (a.grad_key.data) {
@@ -904,13 +1201,14 @@ void write_grad_temperature(const BackwardArgs<T>& a, const std::vector<double>&
   }
 }
 
+/// The tiled backward over every (batch, KV head); returns the per-row dτ
+/// terms -(1/τ_i) Σ_j dS_ij s_ij (empty when no dτ is wanted).
 template <class T, bool Continuum>
-bool flash_backward_run(const BackwardArgs<T>& a, const T* stat_m, const T* stat_l, double scale, int threads,
-                        index_t group) {
+std::vector<double> flash_backward_run(const BackwardArgs<T>& a, const char* ok, double scale, int threads,
+                                       index_t group) {
   const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
   const index_t D = a.query.dim, Dv = a.value.dim;
   const index_t ntasks = B * Hk;
-  // dτ_i = -(1/τ_i) Σ_j dS_ij s_ij, per row; reduced below in a fixed order.
   std::vector<double> dtau_rows(a.grad_temperature ? std::size_t(B * Hq * Lq) : 0);
 #if defined(_OPENMP)
 #  pragma omp parallel num_threads(threads) if (threads > 1)
@@ -924,7 +1222,7 @@ bool flash_backward_run(const BackwardArgs<T>& a, const T* stat_m, const T* stat
 #endif
     for (index_t task = 0; task < ntasks; ++task) {
       const index_t b = task / Hk, hk = task % Hk;
-      backward_head<T, Continuum>(a, stat_m, stat_l, b, hk, scale, ws, rows);
+      backward_head<T, Continuum>(a, ok, b, hk, scale, ws, rows);
       if (a.grad_temperature)
         for (index_t gq = 0; gq < group; ++gq) {
           const index_t h = hk * group + gq;
@@ -933,91 +1231,51 @@ bool flash_backward_run(const BackwardArgs<T>& a, const T* stat_m, const T* stat
         }
     }
   }
-  if (a.grad_temperature) write_grad_temperature(a, dtau_rows);
-  return true;
+  return dtau_rows;
 }
 
-/// Tiled backward, arithmetic in T. `scale` as for flash_forward. Uses
-/// args.lse when given and |lse| ≤ 64, else recomputes it. Returns false,
-/// having written nothing, when the inputs do not suit the tiled kernel.
-template <class T, bool Continuum>
-bool backward_native(const BackwardArgs<T>& a, double scale) {
+/// Tiled backward, arithmetic in T. Rows the tiled kernel does not take
+/// (row_eligibility) are handed to exact_rows(rows, dtau_rows), which computes
+/// each with the exact kernel, writes its dQ, adds its dK, dV terms and sets its
+/// dτ term; when no row with a visible key qualifies, returns false having
+/// written nothing (the caller runs the exact kernel on the whole call).
+template <class T, bool Continuum, class ExactRows>
+bool backward_native(const BackwardArgs<T>& a, double scale, ExactRows&& exact_rows) {
   const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
-  const index_t D = a.query.dim, Dv = a.value.dim, group = Hq / Hk, Lk = a.key.seq;
+  const index_t group = Hk > 0 ? Hq / Hk : 0;  // Hk = 0 (nothing to do): no division by zero
   const index_t ntasks = B * Hk;
   const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
-  {
-    const TensorView<const T> views[5] = {a.query, a.key, a.value, a.out, a.grad_out};
-    ViewStats<T> st[5];
-    scan_views(views, st, std::max(threads, 1));
-    for (const auto& x : st)
-      if (!x.finite) return false;
-    if (!magnitudes_suit_flash(scale, min_temperature(a.temperature, B, Hq, Lq), D, Lk, st[0], st[1], st[2]))
-      return false;
-    // dP = dO · Vᵀ and Dl = dO · o stay far from overflow too.
-    if (double(std::max(Dv, Lk) + 1) * st[4].max_abs * std::max(st[2].max_abs, st[3].max_abs) > kFlashBound<T>)
-      return false;
+  std::vector<char> ok;
+  index_t visible = 0;
+  const index_t rejected = row_eligibility<T>(a.query, a.key, a.value, &a.grad_out, a.visibility, a.temperature,
+                                              scale, threads, ok, visible);
+  if (rejected > 0 && rejected == visible) return false;
+  const char* okp = rejected ? ok.data() : nullptr;
+  std::vector<double> dtau_rows;
+  if (ntasks > 0)
+    dtau_rows = flash_backward_run<T, Continuum>(a, okp, scale, threads, group);
+  else if (a.grad_temperature)
+    dtau_rows.assign(std::size_t(B * Hq * Lq), 0.0);
+  if (rejected > 0) {
+    std::vector<index_t> rows;
+    for (index_t r = 0; r < index_t(ok.size()); ++r)
+      if (!ok[std::size_t(r)]) rows.push_back(r);
+    exact_rows(rows, dtau_rows);
   }
-  // Row statistics. The stored lse is rounded to T: P = e^{s - lse} then
-  // carries a relative error ~ε_T |lse|, and s - lse is not an exact shift.
-  // Trust it for |lse| ≤ 64; otherwise (or without it) recompute the row max m
-  // and Σ α e^{-m} with the forward's own code (scores and stencil only).
-  bool recompute = a.lse == nullptr;
-  for (index_t i = 0; i < B * Hq * Lq && !recompute; ++i) {
-    const T l = a.lse[i];
-    recompute = l != -std::numeric_limits<T>::infinity() && !(l <= T(64) && l >= T(-64));
-  }
-  std::vector<T> stat_m, stat_l;
-  if (recompute) {
-    stat_m.resize(std::size_t(B * Hq * Lq));
-    stat_l.resize(std::size_t(B * Hq * Lq));
-    ForwardArgs<T> f;
-    f.query = a.query;
-    f.key = a.key;
-    f.value = a.value;
-    f.kernel = a.kernel;
-    f.temperature = a.temperature;
-    f.visibility = a.visibility;
-    const index_t nqb = (Lq + kBr - 1) / kBr, nft = B * Hq * nqb;
-#if defined(_OPENMP)
-#  pragma omp parallel num_threads(threads) if (threads > 1)
-#endif
-    {
-      serial_eigen_in_this_region();
-      ForwardWorkspace<T> ws(D, Dv);
-#if defined(_OPENMP)
-#  pragma omp for schedule(dynamic, 1)
-#endif
-      for (index_t task = 0; task < nft; ++task) {
-        const index_t qb = nqb - 1 - task % nqb, bh = task / nqb;
-        const index_t b = bh / Hq, h = bh % Hq;
-        const index_t i0 = qb * kBr, i1 = std::min(Lq, i0 + kBr);
-        forward_block<T, Continuum, true>(f, b, h, i0, i1, scale, ws, stat_m.data(), stat_l.data());
-      }
-    }
-  }
-  if (ntasks == 0) {
-    if (a.grad_temperature) {
-      const index_t n = a.temperature.shape == TemperatureShape::scalar ? 1
-                        : a.temperature.shape == TemperatureShape::per_head ? Hq : B * Hq * Lq;
-      std::fill(a.grad_temperature, a.grad_temperature + n, T(0));
-    }
-    return true;
-  }
-  return flash_backward_run<T, Continuum>(a, recompute ? stat_m.data() : a.lse, recompute ? stat_l.data() : nullptr,
-                                          scale, threads, group);
+  if (a.grad_temperature) write_grad_temperature(a, dtau_rows);
+  return true;
 }
 
 /// Entry points (backends/cpu.hpp calls them when args.float_arithmetic):
 /// arithmetic in the storage type T. Return false, having written nothing,
 /// when the inputs do not suit the tiled kernels.
-template <class T, bool Continuum>
-bool flash_forward(const ForwardArgs<T>& a, double scale) {
-  return forward_native<T, Continuum>(a, scale);
+template <class T, bool Continuum, class ExactRows>
+bool flash_forward(const ForwardArgs<T>& a, double scale, ExactRows&& exact_rows) {
+  return forward_native<T, Continuum>(a, scale, exact_rows);
 }
-template <class T, bool Continuum>
-bool flash_backward(const BackwardArgs<T>& a, double scale) {
-  return backward_native<T, Continuum>(a, scale);
+template <class T, bool Continuum, class ExactRows>
+bool flash_backward(const BackwardArgs<T>& a, double scale, ExactRows&& exact_rows) {
+  return backward_native<T, Continuum>(a, scale, exact_rows);
 }
 
 }  // namespace flash

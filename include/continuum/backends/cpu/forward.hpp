@@ -42,6 +42,22 @@ bool forward_block(const ForwardArgs<T>& a, const AttentionShape& sh, double sca
     }
   }
 
+  // Value exponents (double storage, scaled pass only): a row whose visible
+  // values are so large that Σ α̃_j v_j (α̃ ≤ 1 each, up to Lk terms) could
+  // overflow sums v_j·2^{−V_r} and scales the result back (exact powers of 2).
+  int vx[block_q] = {};
+  if constexpr (std::is_same<T, double>::value)
+    if (scaled)
+      for (index_t r = 0; r < nq; ++r) {
+        double vmax = 0.0;
+        for (index_t j = rg[r].lo; j < rg[r].hi; ++j) {
+          const T* vj = a.value.row(b, hk, j);
+          for (index_t e = 0; e < Dv; ++e) vmax = std::fmax(vmax, std::fabs(static_cast<double>(vj[e])));
+        }
+        const double lim = __DBL_MAX__ / 8.0 / static_cast<double>(rg[r].size() + 2);
+        if (vmax > lim && vmax <= __DBL_MAX__) vx[r] = std::ilogb(vmax / lim) + 1;
+      }
+
   Workspace::fit(ws.acc, nq * Dv);
   double* acc = ws.acc.data();
   for (index_t e = 0; e < nq * Dv; ++e) acc[e] = 0.0;
@@ -84,11 +100,24 @@ bool forward_block(const ForwardArgs<T>& a, const AttentionShape& sh, double sca
         if (f != 1.0)
           for (index_t e = 0; e < Dv; ++e) ar[e] *= f;
         for (index_t j = ja; j < jb; ++j)
-          if (w[j - ja] != 0.0) axpy(ar, w[j - ja], ws.vd.data() + (j - kv0) * Dv, Dv);
+          if (w[j - ja] != 0.0) {
+            const double* vj = ws.vd.data() + (j - kv0) * Dv;
+            if (vx[r] == 0) axpy(ar, w[j - ja], vj, Dv);
+            else
+              for (index_t e = 0; e < Dv; ++e) ar[e] += w[j - ja] * std::ldexp(vj[e], -vx[r]);
+          }
       }
     }
   }
 
+  // Double storage: a row whose Σ α̃ v overflowed although it was finite
+  // before (values near DBL_MAX) gets the scaled pass (value exponents above).
+  if constexpr (std::is_same<T, double>::value)
+    if (!scaled)
+      for (index_t r = 0; r < nq; ++r)
+        if (!rg[r].empty())
+          for (index_t e = 0; e < Dv; ++e)
+            if (std::isinf(acc[r * Dv + e])) return false;
   // Finalise: O = acc / Σ, lse = c·m + log Σ; empty rows give 0 and -inf.
   const bool inspect = a.probs != nullptr || a.cell_mass != nullptr;
   for (index_t r = 0; r < nq; ++r) {
@@ -108,7 +137,7 @@ bool forward_block(const ForwardArgs<T>& a, const AttentionShape& sh, double sca
         for (index_t j = rg[r].lo; j < rg[r].hi; ++j) {
           if (raw_dot(ws.qd.data() + r * D, a.key.row(b, hk, j), D) != st[r].m) continue;
           const T* vj = a.value.row(b, hk, j);
-          for (index_t e = 0; e < Dv; ++e) ar[e] += static_cast<double>(vj[e]);
+          for (index_t e = 0; e < Dv; ++e) ar[e] += std::ldexp(static_cast<double>(vj[e]), -vx[r]);
           cnt += 1.0;
         }
         for (index_t e = 0; e < Dv; ++e) ar[e] /= cnt;
@@ -118,7 +147,7 @@ bool forward_block(const ForwardArgs<T>& a, const AttentionShape& sh, double sca
         lse = scaled_max(c[r], st[r].m, ex[r]) + std::log(sum);
       }
     }
-    for (index_t e = 0; e < Dv; ++e) o[e] = static_cast<T>(ar[e]);
+    for (index_t e = 0; e < Dv; ++e) o[e] = static_cast<T>(vx[r] ? std::ldexp(ar[e], vx[r]) : ar[e]);
     if (a.lse) a.lse[row_id] = static_cast<T>(lse);
 
     if (inspect) {

@@ -12,13 +12,35 @@
 // the CPU kernels use their plain loops.
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && !defined(CONTINUUM_NO_CPU_SIMD)
 #  define CONTINUUM_CPU_SIMD 1
-#  if defined(__AVX512F__)
+#  if defined(__AVX512F__) || defined(__FMA__)
 #    include <immintrin.h>
 #  endif
 #endif
 
 namespace continuum {
 namespace cpu_detail {
+
+/// a·b + c for scalars, with one rounding where the CPU has an FMA instruction
+/// (-march with FMA) and two otherwise, *whatever the compiler decides about
+/// contracting* a·b + c: the tile products must give each element the same
+/// bits in every instantiation (row/column blocking), or a KV-cache decode
+/// step would differ from its row of the full forward. (GCC 12 with AVX2 left
+/// one instantiation of the micro-kernel uncontracted.)
+template <class T>
+inline T madd(T a, T b, T c) {
+#if defined(__FMA__) || defined(__AVX512F__)
+  return __builtin_fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+inline float madd(float a, float b, float c) {
+#if defined(__FMA__) || defined(__AVX512F__)
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
 
 #if defined(CONTINUUM_CPU_SIMD)
 #  if defined(__AVX512F__)
@@ -51,6 +73,37 @@ struct Simd {
   static v load(const T* p) { return *reinterpret_cast<const vu*>(p); }
   static void store(T* p, v x) { *reinterpret_cast<vu*>(p) = x; }
 };
+
+/// Vector a·b + c (a broadcast scalar), the vector form of madd() above:
+/// fused where the CPU has FMA, mul then add otherwise (never left to
+/// contraction).
+template <class T>
+inline typename Simd<T>::v vmadd(T a, typename Simd<T>::v b, typename Simd<T>::v c) {
+  using V = typename Simd<T>::v;
+#  if defined(__AVX512F__)
+  if constexpr (kSimdBytes == 64) {
+    if constexpr (sizeof(T) == 4)
+      return (V)_mm512_fmadd_ps(_mm512_set1_ps(float(a)), (__m512)b, (__m512)c);
+    else
+      return (V)_mm512_fmadd_pd(_mm512_set1_pd(double(a)), (__m512d)b, (__m512d)c);
+  }
+#  endif
+#  if defined(__FMA__)
+  if constexpr (kSimdBytes == 32) {
+    if constexpr (sizeof(T) == 4)
+      return (V)_mm256_fmadd_ps(_mm256_set1_ps(float(a)), (__m256)b, (__m256)c);
+    else
+      return (V)_mm256_fmadd_pd(_mm256_set1_pd(double(a)), (__m256d)b, (__m256d)c);
+  }
+  if constexpr (kSimdBytes == 16) {
+    if constexpr (sizeof(T) == 4)
+      return (V)_mm_fmadd_ps(_mm_set1_ps(float(a)), (__m128)b, (__m128)c);
+    else
+      return (V)_mm_fmadd_pd(_mm_set1_pd(double(a)), (__m128d)b, (__m128d)c);
+  }
+#  endif
+  return a * b + c;  // no FMA instruction: nothing to contract into
+}
 
 /// In-register transpose of a W × W block (r[i] = row i on entry, column i on
 /// exit): log2(W) butterfly stages; stage H pairs rows i and i + H

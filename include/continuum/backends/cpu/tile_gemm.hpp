@@ -55,7 +55,7 @@ inline void micro_kernel(const T* A, index_t sa_r, index_t sa_k, const T* B, ind
     for (int r = 0; r < MR; ++r) {
       const T a = A[r * sa_r + k * sa_k];
 #pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j) acc[r][j] += a * b[j];
+      for (int j = 0; j < NV; ++j) acc[r][j] = vmadd<T>(a, b[j], acc[r][j]);
     }
   }
 #pragma GCC unroll 8
@@ -85,7 +85,7 @@ inline void scalar_columns(index_t M, index_t n0, index_t N, index_t K, const T*
   for (index_t r = 0; r < M; ++r)
     for (index_t n = n0; n < N; ++n) {
       T acc = accumulate ? C[r * ldc + n] : T(0);
-      for (index_t k = 0; k < K; ++k) acc += A[r * sa_r + k * sa_k] * B[k * ldb + n];
+      for (index_t k = 0; k < K; ++k) acc = madd(A[r * sa_r + k * sa_k], B[k * ldb + n], acc);
       C[r * ldc + n] = acc;
     }
 }
