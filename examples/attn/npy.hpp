@@ -312,17 +312,19 @@ inline Header parse_header(const std::string& bytes, const std::string& path) {
 
   // The element count, bounded before anything is allocated: the data must
   // be exactly count × word bytes of the file.
+  // As NumPy: the bytes of the non-zero sizes, itemsize × Π n, must fit
+  // int64 (shape (0, 10^15, 10^15) is "too big" there too).
   const std::string dims = shape_text(h.shape);
-  std::size_t count = 0;
-  if (std::find(h.shape.begin(), h.shape.end(), std::size_t(0)) == h.shape.end()) {
-    count = 1;
-    for (const std::size_t n : h.shape) {
-      if (count > std::numeric_limits<std::size_t>::max() / 16 / n)
-        throw NpyError(path, "shape " + dims + " is too large");
-      count *= n;
-    }
-  }
   const std::size_t word = (h.dtype == DType::f32 || h.dtype == DType::i32) ? 4 : 8;
+  constexpr std::size_t limit = std::size_t(std::numeric_limits<std::int64_t>::max());
+  std::size_t nbytes = word;
+  for (const std::size_t n : h.shape) {
+    if (n == 0) continue;
+    if (nbytes > limit / n) throw NpyError(path, "shape " + dims + " is too large");
+    nbytes *= n;
+  }
+  const bool empty = std::find(h.shape.begin(), h.shape.end(), std::size_t(0)) != h.shape.end();
+  const std::size_t count = empty ? 0 : nbytes / word;
   const std::size_t want = count * word, have = bytes.size() - off - len;
   if (have < want)
     throw NpyError(path, "truncated data: shape " + dims + " needs " + std::to_string(want) +
