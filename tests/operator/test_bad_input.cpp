@@ -3,6 +3,8 @@
 // rows that see them.
 #include <catch2/catch.hpp>
 
+#include <set>
+
 #include "operator/harness.hpp"
 
 using namespace harness;
@@ -385,4 +387,45 @@ TEST_CASE("hostile input: scale / temperature must fit the type the kernel forms
   a.scale = 1e39;  // beyond FLT_MAX itself
   CHECK_THROWS_MATCHES(continuum::attention_forward(continuum::cpu, a), std::invalid_argument,
                        Names("scale: 1e+39 overflows float"));
+}
+
+TEST_CASE("hostile input: the element-level aliasing test agrees with brute force", "[bad-input][hostile]") {
+  // Random small views at random offsets of one buffer: share_memory must say
+  // whether some element of one is an element of the other, exactly.
+  std::mt19937_64 rng(37);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  static double buffer[4096];
+  auto random_view = [&](bool output) {
+    while (true) {
+      continuum::TensorView<double> v{buffer + pick(0, 200), pick(1, 3), pick(1, 3), pick(1, 4), pick(1, 4),
+                                      pick(0, 60), pick(0, 20), pick(0, 10), 1};
+      if (!output) return v;
+      try {  // outputs: only layouts check_view accepts
+        continuum::detail::check_view("t", "v", v, v.batch, v.heads, v.seq, v.dim, "", true);
+        return v;
+      } catch (const std::invalid_argument&) {
+      }
+    }
+  };
+  auto elements = [](const continuum::TensorView<double>& v) {
+    std::set<const double*> e;
+    for (index_t b = 0; b < v.batch; ++b)
+      for (index_t h = 0; h < v.heads; ++h)
+        for (index_t s = 0; s < v.seq; ++s)
+          for (index_t d = 0; d < v.dim; ++d) e.insert(v.row(b, h, s) + d);
+    return e;
+  };
+  int shared = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const auto w = random_view(true), x = random_view(trial % 2 == 0);
+    const auto ew = elements(w), ex = elements(x);
+    bool brute = false;
+    for (const double* p : ex) brute = brute || ew.count(p) != 0;
+    shared += brute;
+    const auto rw = continuum::detail::region_of("w", w), rx = continuum::detail::region_of("x", x);
+    INFO("trial " << trial);
+    REQUIRE(continuum::detail::share_memory(rw, rx) == brute);
+  }
+  CHECK(shared > 300);  // both answers are exercised
+  CHECK(shared < 2700);
 }
