@@ -18,12 +18,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <limits>
+#include <new>
 #include <optional>
 #include <random>
 #include <string>
@@ -96,6 +98,9 @@ DType parse_dtype(const std::string& s, const char* option) {
   if (s == "float64") return DType::f64;
   throw UsageError(std::string(option) + " must be float32 or float64, not '" + s + "'");
 }
+
+/// The most elements an output the tool allocates may have (o, lse).
+constexpr double max_output_elements = double(std::int64_t(1) << 31);
 
 /// Everything validated and ready to compute.
 struct Problem {
@@ -249,6 +254,14 @@ Problem validate(const Options& o) {
   }
   if (p.probs && double(p.dq.b) * p.dq.h * p.dq.s * p.dk.s > double(1 << 26))
     throw UsageError("--probs: the [B, Hq, Lq, Lk] maps would exceed 2^26 elements");
+  // The outputs o [B, Hq, Lq, Dv] and lse [B, Hq, Lq] are sized by the inputs'
+  // shapes, not by their data (q or v may be empty, e.g. shape (10^12, 0)):
+  // bounded before anything is allocated.
+  const double rows = double(p.dq.b) * double(p.dq.h) * double(p.dq.s);
+  if (rows > max_output_elements || rows * double(p.dv.d) > max_output_elements)
+    throw NpyError(p.q.path, "shape " + p.q.shape_str() + " with " + p.v.path + "'s " + p.v.shape_str() +
+                                 " asks for outputs of " + attn::detail::num_text(rows * double(std::max<index_t>(p.dv.d, 1))) +
+                                 " elements (o: [B, Hq, Lq, Dv], lse: [B, Hq, Lq]); at most 2^31 are allowed");
   return p;
 }
 
@@ -506,6 +519,10 @@ int main(int argc, char** argv) {
   } catch (const UsageError& e) {
     std::fprintf(stderr, "continuum-attn: error: %s\n", e.what());
     return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "continuum-attn: error: not enough memory for the inputs %s, %s, %s and their outputs\n",
+                 o.q.c_str(), o.k.c_str(), o.v.c_str());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "continuum-attn: error: %s\n", e.what());
     return 1;

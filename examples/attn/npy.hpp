@@ -14,6 +14,8 @@
 // So every file is read whole and its header is validated here (magic,
 // version, length, dictionary, dtype, shape, exact data length); only then is
 // the array decoded by xnpy, from a canonical header xnpy itself writes.
+// The header grammar is NumPy's (HeaderParser), never more lenient; sizes are
+// checked against the file's own length before memory is reserved.
 // Every error is an NpyError whose message starts with the file name.
 #pragma once
 
@@ -21,6 +23,7 @@
 #include <xtensor/xarray.hpp>
 #include <xtensor/xnpy.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdint>
@@ -85,18 +88,175 @@ struct Array {
 
 namespace detail {
 
+/// The bytes of a regular file, read whole: its size is taken from the file
+/// system first, so a device such as /dev/zero, a pipe or a folder is refused
+/// (it would otherwise be read until memory runs out) and memory is reserved
+/// once. Every error names the file.
 inline std::string read_whole_file(const std::string& path) {
-  // A folder or a device such as /dev/zero would otherwise be read until
-  // memory runs out.
-  std::error_code ec;
-  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
-    throw NpyError(path, "not a regular file");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw NpyError(path, std::string("cannot open: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    throw NpyError(path, S_ISDIR(st.st_mode) ? "not a regular file (a folder)" : "not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw NpyError(path, std::string("cannot open: ") + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw NpyError(path, "read error");
-  return ss.str();
+  std::string bytes;
+  try {
+    bytes.resize(static_cast<std::size_t>(st.st_size));
+  } catch (const std::exception&) {
+    throw NpyError(path, "not enough memory to read its " + std::to_string(st.st_size) + " bytes");
+  }
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (static_cast<std::size_t>(in.gcount()) != bytes.size() || in.peek() != std::char_traits<char>::eof())
+    throw NpyError(path, "read error (the file changed while it was read?)");
+  return bytes;
+}
+
+/// The header dictionary of NumPy's format, parsed by the rules of NumPy's
+/// reader (ast.literal_eval of a dict with exactly the keys descr,
+/// fortran_order and shape; shape a tuple of ints) restricted to what .npy
+/// writers produce, so that nothing NumPy rejects is accepted:
+///   * between tokens: space, tab, form feed, CR, LF (not vertical tab or
+///     other bytes Python's tokenizer rejects); before '{' spaces and tabs;
+///   * keys and descr: '...' or "..." without escapes; each key once;
+///   * fortran_order: True or False;
+///   * shape: (), (n,), (n, m, ...) with an optional trailing comma; each n a
+///     Python 3 decimal literal: 0, 00, 12, 1_000 (not 03, -1, +1, 0x10);
+///     (12) is an int, not a tuple.
+/// NumPy also accepts comments, line continuations, hex literals, implicit
+/// string concatenation and duplicate keys; no writer emits them, so they are
+/// refused here with the position.
+class HeaderParser {
+ public:
+  HeaderParser(const std::string& text, const std::string& path) : t_(text), path_(path) {}
+
+  struct Dict {
+    std::string descr;
+    bool fortran_order = false;
+    std::vector<std::size_t> shape;
+  };
+
+  Dict parse() {
+    Dict d;
+    while (at_any(" \t")) ++i_;
+    expect('{');
+    bool seen[3] = {false, false, false};
+    skip_space();
+    while (!peek('}')) {
+      const std::string key = string_literal("a key");
+      static const char* keys[3] = {"descr", "fortran_order", "shape"};
+      int k = 0;
+      while (k < 3 && key != keys[k]) ++k;
+      if (k == 3) fail("unexpected key '" + key + "' (need descr, fortran_order, shape)");
+      if (seen[k]) fail("key '" + key + "' appears twice");
+      seen[k] = true;
+      skip_space();
+      expect(':');
+      skip_space();
+      if (k == 0) d.descr = string_literal("descr (a string)");
+      if (k == 1) d.fortran_order = boolean();
+      if (k == 2) d.shape = shape();
+      skip_space();
+      if (!peek(',')) break;
+      ++i_;
+      skip_space();
+    }
+    expect('}');
+    skip_space();
+    if (i_ != t_.size()) fail("unexpected characters after the dictionary");
+    for (int k = 0; k < 3; ++k)
+      if (!seen[k]) fail(std::string("missing key '") + (k == 0 ? "descr" : k == 1 ? "fortran_order" : "shape") + "'");
+    return d;
+  }
+
+ private:
+  const std::string& t_;
+  const std::string& path_;
+  std::size_t i_ = 0;
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw NpyError(path_, "malformed header: " + what + " at byte " + std::to_string(i_) + " of the header");
+  }
+  bool peek(char c) const { return i_ < t_.size() && t_[i_] == c; }
+  bool at_any(const char* set) const { return i_ < t_.size() && t_[i_] != '\0' && std::strchr(set, t_[i_]); }
+  void skip_space() {
+    while (at_any(" \t\f\r\n")) ++i_;
+  }
+  void expect(char c) {
+    if (!peek(c)) fail(std::string("expected '") + c + "'");
+    ++i_;
+  }
+  std::string string_literal(const char* what) {
+    if (!peek('\'') && !peek('"')) fail(std::string("expected ") + what);
+    const char quote = t_[i_++];
+    const std::size_t start = i_;
+    while (i_ < t_.size() && t_[i_] != quote) {
+      const unsigned char c = static_cast<unsigned char>(t_[i_]);
+      if (c == '\\' || c < 0x20 || c >= 0x7f) fail("unsupported character in a string");
+      ++i_;
+    }
+    if (i_ == t_.size()) fail("unterminated string");
+    return t_.substr(start, i_++ - start);
+  }
+  bool boolean() {
+    for (const char* word : {"True", "False"})
+      if (t_.compare(i_, std::strlen(word), word) == 0) {
+        i_ += std::strlen(word);
+        if (i_ < t_.size() && (std::isalnum(static_cast<unsigned char>(t_[i_])) || t_[i_] == '_'))
+          fail("fortran_order must be True or False");
+        return word[0] == 'T';
+      }
+    fail("fortran_order must be True or False");
+  }
+  /// A Python 3 decimal integer literal, at most 18 digits.
+  std::size_t integer() {
+    const std::size_t start = i_;
+    std::string digits;
+    while (i_ < t_.size() && (std::isdigit(static_cast<unsigned char>(t_[i_])) || t_[i_] == '_')) {
+      if (t_[i_] == '_' && (i_ == start || t_[i_ - 1] == '_')) fail("malformed integer in shape");
+      if (t_[i_] != '_') digits += t_[i_];
+      ++i_;
+    }
+    if (digits.empty()) fail("expected a non-negative integer in shape");
+    if (t_[i_ - 1] == '_') fail("malformed integer in shape");
+    if (i_ < t_.size() && (std::isalpha(static_cast<unsigned char>(t_[i_])) || t_[i_] == '.'))
+      fail("shape entries must be decimal integers");
+    if (digits[0] == '0' && digits.find_first_not_of('0') != std::string::npos)
+      fail("leading zeros in a non-zero integer (a syntax error in Python 3)");
+    if (digits.size() > 18) fail("shape entry " + digits + " is too large");
+    return static_cast<std::size_t>(std::stoull(digits));
+  }
+  std::vector<std::size_t> shape() {
+    std::vector<std::size_t> dims;
+    if (!peek('(')) fail("shape must be a tuple");
+    ++i_;
+    skip_space();
+    bool comma = false;
+    while (!peek(')')) {
+      dims.push_back(integer());
+      skip_space();
+      comma = peek(',');
+      if (!comma) break;
+      ++i_;
+      skip_space();
+    }
+    if (!peek(')')) fail("expected ',' or ')' in shape");
+    ++i_;
+    if (dims.size() == 1 && !comma) fail("shape (n) is an int, not a tuple: write (n,)");
+    return dims;
+  }
+};
+
+/// A count as %.4g ("1e+12").
+inline std::string num_text(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", x);
+  return buf;
+}
+
+inline std::string shape_text(const std::vector<std::size_t>& shape) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + (shape.size() == 1 ? ",)" : ")");
 }
 
 struct Header {
@@ -132,17 +292,13 @@ inline Header parse_header(const std::string& bytes, const std::string& path) {
   if (len > 10000) throw NpyError(path, "header of " + std::to_string(len) + " bytes is too long");
   if (len > bytes.size() - off) throw NpyError(path, "truncated header");
   const std::string dict = bytes.substr(off, len);
-  if (dict.empty() || dict.back() != '\n') throw NpyError(path, "malformed header (no newline)");
-
-  // NumPy writes the keys in this order (pprint order); so does every writer we know.
-  static const std::regex re(
-      R"(^\{\s*'descr'\s*:\s*'([<>|=])([a-zA-Z])(\d+)'\s*,\s*'fortran_order'\s*:\s*(True|False)\s*,)"
-      R"(\s*'shape'\s*:\s*\(([0-9,\s]*)\)\s*,?\s*\}\s*$)");
-  std::smatch m;
-  if (!std::regex_match(dict, m, re))
-    throw NpyError(path, "malformed header: " + dict.substr(0, dict.find('\n')));
+  const HeaderParser::Dict d = HeaderParser(dict, path).parse();
 
   Header h;
+  static const std::regex descr_re(R"(^([<>|=]?)([a-zA-Z])(\d+)$)");
+  std::smatch m;
+  if (!std::regex_match(d.descr, m, descr_re))
+    throw NpyError(path, "unsupported dtype '" + d.descr + "' (need float32, float64, int32 or int64)");
   const std::string order = m[1], kind = m[2], width = m[3];
   if (order == ">") throw NpyError(path, "big-endian data is not supported; use '<' (little-endian)");
   if (kind == "f" && width == "4") h.dtype = DType::f32;
@@ -150,34 +306,28 @@ inline Header parse_header(const std::string& bytes, const std::string& path) {
   else if (kind == "i" && width == "4") h.dtype = DType::i32;
   else if (kind == "i" && width == "8") h.dtype = DType::i64;
   else
-    throw NpyError(path, "unsupported dtype '" + order + kind + width +
-                             "' (need float32, float64, int32 or int64)");
-  h.fortran_order = m[4] == "True";
+    throw NpyError(path, "unsupported dtype '" + d.descr + "' (need float32, float64, int32 or int64)");
+  h.fortran_order = d.fortran_order;
+  h.shape = d.shape;
 
-  // Shape: comma-separated non-negative decimal integers, optional trailing comma.
-  const std::string dims = m[5];
-  std::size_t count = 1, pos = 0;
-  while (true) {
-    while (pos < dims.size() && std::isspace(static_cast<unsigned char>(dims[pos]))) ++pos;
-    if (pos == dims.size()) break;
-    std::size_t end = pos;
-    while (end < dims.size() && std::isdigit(static_cast<unsigned char>(dims[end]))) ++end;
-    if (end == pos || end - pos > 15) throw NpyError(path, "malformed shape (" + dims + ")");
-    const std::size_t d = std::stoull(dims.substr(pos, end - pos));
-    if (d != 0 && count > std::numeric_limits<std::size_t>::max() / 16 / d)
-      throw NpyError(path, "shape (" + dims + ") is too large");
-    count *= d;
-    h.shape.push_back(d);
-    pos = end;
-    while (pos < dims.size() && std::isspace(static_cast<unsigned char>(dims[pos]))) ++pos;
-    if (pos == dims.size()) break;
-    if (dims[pos] != ',') throw NpyError(path, "malformed shape (" + dims + ")");
-    ++pos;
-  }
+  // The element count, bounded before anything is allocated: the data must
+  // be exactly count × word bytes of the file.
+  // As NumPy: the bytes of the non-zero sizes, itemsize × Π n, must fit
+  // int64 (shape (0, 10^15, 10^15) is "too big" there too).
+  const std::string dims = shape_text(h.shape);
   const std::size_t word = (h.dtype == DType::f32 || h.dtype == DType::i32) ? 4 : 8;
+  constexpr std::size_t limit = std::size_t(std::numeric_limits<std::int64_t>::max());
+  std::size_t nbytes = word;
+  for (const std::size_t n : h.shape) {
+    if (n == 0) continue;
+    if (nbytes > limit / n) throw NpyError(path, "shape " + dims + " is too large");
+    nbytes *= n;
+  }
+  const bool empty = std::find(h.shape.begin(), h.shape.end(), std::size_t(0)) != h.shape.end();
+  const std::size_t count = empty ? 0 : nbytes / word;
   const std::size_t want = count * word, have = bytes.size() - off - len;
   if (have < want)
-    throw NpyError(path, "truncated data: shape (" + dims + ") needs " + std::to_string(want) +
+    throw NpyError(path, "truncated data: shape " + dims + " needs " + std::to_string(want) +
                              " bytes, the file has " + std::to_string(have));
   if (have > want)
     throw NpyError(path, std::to_string(have - want) + " unexpected bytes after the data");
@@ -190,6 +340,12 @@ inline Header parse_header(const std::string& bytes, const std::string& path) {
 template <class T, class Out>
 void decode(const std::string& bytes, const Header& h, const std::string& path,
             std::vector<Out>& out) {
+  // An empty array has nothing to decode; xnpy's strides, products of the
+  // other sizes, could overflow (shape (0, 10^15, 10^15)).
+  if (std::find(h.shape.begin(), h.shape.end(), std::size_t(0)) != h.shape.end()) {
+    out.clear();
+    return;
+  }
   std::ostringstream canon;
   xt::detail::write_header(canon, xt::detail::build_typestring<T>(), h.fortran_order, h.shape);
   // xnpy reads the 16-bit header length through signed chars (see above).
@@ -208,10 +364,8 @@ void decode(const std::string& bytes, const Header& h, const std::string& path,
 
 }  // namespace detail
 
-/// Loads a .npy file (float32/float64/int32/int64, C or Fortran order).
-/// \throws NpyError naming the file and the problem.
-inline Array load(const std::string& path) {
-  const std::string bytes = detail::read_whole_file(path);
+/// Parses the bytes of a .npy file (see load); `path` names it in errors.
+inline Array load_bytes(const std::string& bytes, const std::string& path) {
   const detail::Header h = detail::parse_header(bytes, path);
   Array a;
   a.path = path;
@@ -226,11 +380,17 @@ inline Array load(const std::string& path) {
     }
   } catch (const NpyError&) {
     throw;
+  } catch (const std::bad_alloc&) {
+    throw NpyError(path, "not enough memory for shape " + a.shape_str());
   } catch (const std::exception& e) {
     throw NpyError(path, std::string("cannot decode: ") + e.what());
   }
   return a;
 }
+
+/// Loads a .npy file (float32/float64/int32/int64, C or Fortran order).
+/// \throws NpyError naming the file and the problem.
+inline Array load(const std::string& path) { return load_bytes(detail::read_whole_file(path), path); }
 
 /// The bytes of a .npy file holding `data` (row-major) with `shape`, written
 /// by xnpy. T = float or double.

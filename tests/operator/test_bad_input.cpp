@@ -3,6 +3,8 @@
 // rows that see them.
 #include <catch2/catch.hpp>
 
+#include <set>
+
 #include "operator/harness.hpp"
 
 using namespace harness;
@@ -159,4 +161,269 @@ TEMPLATE_TEST_CASE("bad input: non-finite Q/K/V reach only the rows that see the
     for (index_t d = 0; d < 2; ++d)
       CHECK(std::fabs(double(c.dv.at(0, 0, j, d)) - g.grad_value[static_cast<std::size_t>(j * 2 + d)].toDouble()) <= btol * 4);
   }
+}
+
+// ---------------------------------------------------------------------------
+// Hostile inputs (issue 12): aliasing at element level, total size checks,
+// zero sizes, scale / τ in the precision the kernel folds it in.
+
+TEST_CASE("hostile input: an output sharing memory with the temperature, ranges or lse is rejected", "[bad-input][hostile]") {
+  auto c = valid_case();
+  c.tshape = TemperatureShape::per_query;
+  c.alloc();
+  auto rng = rng_for(32);
+  c.fill_uniform(rng);
+  std::vector<double> tau(128, 0.5);       // the first `rows` are the temperature
+  std::vector<double> ranges(128, 0.0);  // storage for [B, Lq] index_t ranges and a view over them
+  auto* lo = reinterpret_cast<index_t*>(ranges.data());
+  for (index_t k = 0; k < c.B * c.Lq; ++k) lo[k] = 0, lo[16 + k] = c.Lk;
+  auto expect = [&](continuum::ForwardArgs<double> a, const char* name) {
+    INFO("expecting an error naming " << name);
+    CHECK_THROWS_MATCHES(continuum::attention_forward(continuum::cpu, a), std::invalid_argument, Names(name));
+  };
+  auto a0 = c.forward_args();
+  a0.temperature.data = tau.data();
+  { auto a = a0; a.out.data = tau.data() + 3; expect(a, "temperature.data"); }  // was accepted
+  { auto a = a0; a.lse = tau.data() + 7; expect(a, "temperature.data"); }
+  {
+    auto a = a0;
+    a.visibility.range_lo = lo;
+    a.visibility.range_hi = lo + 16;
+    a.out = continuum::TensorView<double>::bhsd(ranges.data() + 20, c.B, c.Hq, c.Lq, c.Dv);  // over range_hi
+    expect(a, "visibility.range_hi");
+  }
+  { auto a = a0; a.lse = c.o.view.data; expect(a, "lse: shares memory with the output out"); }
+  // Backward: dτ over the temperature, dV over lse.
+  c.forward();
+  auto b0 = c.backward_args();
+  b0.temperature.data = tau.data();
+  std::vector<double> lse_and_more(64, 0.0);  // lse in [0, 40)
+  std::copy(c.lse.begin(), c.lse.end(), lse_and_more.begin());
+  b0.lse = lse_and_more.data();
+  {
+    auto b = b0;
+    b.grad_temperature = tau.data();
+    CHECK_THROWS_MATCHES(continuum::attention_backward(continuum::cpu, b), std::invalid_argument,
+                         Names("grad_temperature: shares memory with the input temperature.data"));
+  }
+  {
+    auto b = b0;
+    b.grad_value = continuum::TensorView<double>::bhsd(lse_and_more.data() + 16, c.B, c.Hk, c.Lk, c.Dv);
+    CHECK_THROWS_MATCHES(continuum::attention_backward(continuum::cpu, b), std::invalid_argument,
+                         Names("grad_value: shares memory with the input lse"));
+  }
+  {  // a self-overlapping gradient view: the message names that view
+    auto b = b0;
+    b.grad_key.stride_head = 1;
+    CHECK_THROWS_MATCHES(continuum::attention_backward(continuum::cpu, b), std::invalid_argument,
+                         Names("grad_key: output view overlaps itself"));
+  }
+}
+
+TEST_CASE("hostile input: packed layouts that share no element are accepted (dQ, dK, dV of one buffer)", "[bad-input][hostile]") {
+  // Q, K, V and dQ, dK, dV as views of packed [B, L, 3, H, D] buffers, the
+  // layout of a fused QKV projection and of its gradient: interleaved spans,
+  // no shared element. The results equal those with separate buffers.
+  const index_t B = 2, H = 2, L = 5, D = 3;
+  auto c = valid_case();
+  c.Hq = c.Hk = H, c.Lq = c.Lk = L, c.D = D, c.Dv = D;
+  c.alloc();
+  auto rng = rng_for(33);
+  c.fill_uniform(rng);
+  c.forward();
+  c.backward();
+  std::vector<double> qkv(static_cast<std::size_t>(B * L * 3 * H * D)), grad(qkv.size(), -7.0);
+  auto packed = [&](auto* base, int which) {
+    using V = std::remove_pointer_t<decltype(base)>;
+    return continuum::TensorView<V>{base + which * H * D, B, H, L, D, L * 3 * H * D, D, 3 * H * D, 1};
+  };
+  for (int w = 0; w < 3; ++w) {
+    const auto& src = w == 0 ? c.q : w == 1 ? c.k : c.v;
+    const auto dst = packed(qkv.data(), w);
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < H; ++h)
+        for (index_t s = 0; s < L; ++s)
+          for (index_t d = 0; d < D; ++d) dst.row(b, h, s)[d] = src.at(b, h, s, d);
+  }
+  auto a = c.backward_args();
+  a.query = packed(static_cast<const double*>(qkv.data()), 0);
+  a.key = packed(static_cast<const double*>(qkv.data()), 1);
+  a.value = packed(static_cast<const double*>(qkv.data()), 2);
+  a.grad_query = packed(grad.data(), 0);
+  a.grad_key = packed(grad.data(), 1);
+  a.grad_value = packed(grad.data(), 2);
+  std::vector<double> dtau(1);
+  a.grad_temperature = dtau.data();
+  REQUIRE_NOTHROW(continuum::attention_backward(continuum::cpu, a));  // was: "grad_key: aliases grad_query"
+  for (int w = 0; w < 3; ++w) {
+    const auto& want = w == 0 ? c.dq : w == 1 ? c.dk : c.dv;
+    const auto got = packed(grad.data(), w);
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < H; ++h)
+        for (index_t s = 0; s < L; ++s)
+          for (index_t d = 0; d < D; ++d) CHECK(got.row(b, h, s)[d] == want.at(b, h, s, d));
+  }
+  CHECK(dtau[0] == c.dtau[0]);
+  // The packed output of the forward likewise: out inside qkv's gaps is fine
+  // only where it shares no element; here it does.
+  auto f = c.forward_args();
+  f.query = a.query, f.key = a.key, f.value = a.value;
+  f.out = packed(qkv.data(), 1);
+  CHECK_THROWS_MATCHES(continuum::attention_forward(continuum::cpu, f), std::invalid_argument,
+                       Names("out: shares memory with the input"));
+}
+
+TEST_CASE("hostile input: size products that overflow are rejected, never wrapped", "[bad-input][hostile]") {
+  // Lq = Lk = 2^32 with D = Dv = 0: every view is empty, but P is
+  // [1, 1, 2^32, 2^32] = 2^64 elements (was: wrapped to 0, accepted, and
+  // the kernel wrote P far past its buffer).
+  const index_t big = index_t(1) << 32;
+  std::vector<double> tiny(4);
+  continuum::ForwardArgs<double> a;
+  a.query = {nullptr, 1, 1, big, 0, 0, 0, 0, 1};
+  a.key = {nullptr, 1, 1, big, 0, 0, 0, 0, 1};
+  a.value = a.key;
+  a.out = {nullptr, 1, 1, big, 0, 0, 0, 0, 1};
+  a.scale = 1.0;
+  a.probs = tiny.data();
+  CHECK_THROWS_MATCHES(continuum::attention_forward(continuum::cpu, a), std::invalid_argument,
+                       Names("probs / cell_mass: [B, Hq, Lq, Lk]"));
+  // [2^62, 36, 0, 4]: no element, but 2^62·36 overflows (signed overflow
+  // before the 0 was multiplied in; UBSan reported it). An empty problem.
+  const index_t huge = index_t(1) << 62;
+  continuum::ForwardArgs<double> e;
+  e.query = {nullptr, huge, 36, 0, 4, 0, 0, 0, 1};
+  e.key = {nullptr, huge, 36, 0, 4, 0, 0, 0, 1};
+  e.value = e.key;
+  e.out = {nullptr, huge, 36, 0, 4, 0, 0, 0, 1};
+  CHECK_NOTHROW(continuum::attention_forward(continuum::cpu, e));
+  // More than 2^62 elements in a view, or offsets beyond 2^62.
+  e.key.seq = e.value.seq = 2;
+  CHECK_THROWS_MATCHES(continuum::attention_forward(continuum::cpu, e), std::invalid_argument,
+                       Names("key: shape [4611686018427387904, 36, 2, 4] has more than 2^62 elements"));
+  auto c = valid_case();
+  auto f = c.forward_args();
+  f.key.stride_batch = huge;  // (B - 1)·2^62 + ... > 2^62
+  f.key.stride_head = 1;
+  CHECK_THROWS_MATCHES(continuum::attention_forward(continuum::cpu, f), std::invalid_argument,
+                       Names("key: shape [2, 2, 6, 3] with strides"));
+}
+
+TEST_CASE("hostile input: zero sizes work (empty outputs, zero gradients) and never reach a kernel", "[bad-input][hostile]") {
+  for (const bool tiled : {false, true}) {
+    INFO("float_arithmetic " << tiled);
+    // Hq = Hk = 0 (was: accepted, then SIGFPE in the tiled backward) and
+    // Hq = 0 with Hk = 2: nothing is attended; dK, dV, dτ are zero.
+    for (const index_t hk : {0, 2}) {
+      Case<double> c;
+      c.B = 2, c.Hq = 0, c.Hk = hk, c.Lq = 3, c.Lk = 4, c.D = 2, c.Dv = 3;
+      c.alloc();
+      auto rng = rng_for(34);
+      c.fill_uniform(rng);
+      auto f = c.forward_args();
+      f.float_arithmetic = tiled;
+      CHECK_NOTHROW(continuum::attention_forward(continuum::cpu, f));
+      auto b = c.backward_args();
+      b.float_arithmetic = tiled;
+      c.dtau[0] = 7.0;
+      CHECK_NOTHROW(continuum::attention_backward(continuum::cpu, b));
+      CHECK(c.dtau[0] == 0.0);
+      c.dk.for_each([](double x) { CHECK(x == 0.0); });
+      c.dv.for_each([](double x) { CHECK(x == 0.0); });
+    }
+    // D = 0 with an explicit scale and null Q, K: every score is 0, so P is
+    // uniform and o the mean of the visible values (SPEC §7.2).
+    Case<double> c;
+    c.Lq = c.Lk = 3, c.D = 0, c.Dv = 2;
+    c.scale = 1.0;
+    c.alloc();
+    auto rng = rng_for(35);
+    c.fill_uniform(rng);
+    auto f = c.forward_args();
+    f.query.data = nullptr, f.key.data = nullptr;
+    f.float_arithmetic = tiled;
+    REQUIRE_NOTHROW(continuum::attention_forward(continuum::cpu, f));
+    for (index_t d = 0; d < 2; ++d)
+      CHECK_THAT(c.o.at(0, 0, 1, d), Catch::Matchers::WithinRel((c.v.at(0, 0, 0, d) + c.v.at(0, 0, 1, d) + c.v.at(0, 0, 2, d)) / 3, 1e-15));
+    // Lk = 0 with huge strides on the empty key view: empty rows (o = 0,
+    // lse = -inf); no offset is formed from them.
+    Case<double> e;
+    e.B = 2, e.Lq = 2, e.Lk = 0, e.D = 2;
+    e.alloc();
+    auto g = e.forward_args();
+    g.key.stride_batch = g.value.stride_batch = index_t(1) << 61;
+    g.float_arithmetic = tiled;
+    REQUIRE_NOTHROW(continuum::attention_forward(continuum::cpu, g));
+    e.o.for_each([](double x) { CHECK(x == 0.0); });
+    for (double l : e.lse) CHECK(l == -INFINITY);
+  }
+}
+
+TEST_CASE("hostile input: scale / temperature must fit the type the kernel forms it in", "[bad-input][hostile]") {
+  // float storage, τ = 1e-39 (subnormal), scale 0.5: c = 5e38 is finite in
+  // double (the exact kernels) but overflows float, in which the tiled
+  // kernels fold it (was: accepted, o = 0 and lse = -inf).
+  Case<float> c;
+  c.Lq = c.Lk = 4, c.D = 4;
+  c.tau = 1e-39f;
+  c.alloc();
+  auto rng = rng_for(36);
+  c.fill_uniform(rng);
+  auto a = c.forward_args();
+  a.float_arithmetic = true;
+  CHECK_THROWS_MATCHES(continuum::attention_forward(continuum::cpu, a), std::invalid_argument,
+                       Names("temperature: too small for this kernel"));
+  auto b = c.backward_args();
+  b.float_arithmetic = true;
+  CHECK_THROWS_MATCHES(continuum::attention_backward(continuum::cpu, b), std::invalid_argument,
+                       Names("temperature: too small for this kernel"));
+  a.float_arithmetic = false;  // the exact kernels: c in double, a valid call
+  REQUIRE_NOTHROW(continuum::attention_forward(continuum::cpu, a));
+  c.o.for_each([](float x) { CHECK(std::isfinite(x)); });  // (lse overflows float: documented)
+  a.float_arithmetic = true;
+  a.temperature.value = 1.0f;
+  a.scale = 1e39;  // beyond FLT_MAX itself
+  CHECK_THROWS_MATCHES(continuum::attention_forward(continuum::cpu, a), std::invalid_argument,
+                       Names("scale: 1e+39 overflows float"));
+}
+
+TEST_CASE("hostile input: the element-level aliasing test agrees with brute force", "[bad-input][hostile]") {
+  // Random small views at random offsets of one buffer: share_memory must say
+  // whether some element of one is an element of the other, exactly.
+  std::mt19937_64 rng(37);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  static double buffer[4096];
+  auto random_view = [&](bool output) {
+    while (true) {
+      continuum::TensorView<double> v{buffer + pick(0, 200), pick(1, 3), pick(1, 3), pick(1, 4), pick(1, 4),
+                                      pick(0, 60), pick(0, 20), pick(0, 10), 1};
+      if (!output) return v;
+      try {  // outputs: only layouts check_view accepts
+        continuum::detail::check_view("t", "v", v, v.batch, v.heads, v.seq, v.dim, "", true);
+        return v;
+      } catch (const std::invalid_argument&) {
+      }
+    }
+  };
+  auto elements = [](const continuum::TensorView<double>& v) {
+    std::set<const double*> e;
+    for (index_t b = 0; b < v.batch; ++b)
+      for (index_t h = 0; h < v.heads; ++h)
+        for (index_t s = 0; s < v.seq; ++s)
+          for (index_t d = 0; d < v.dim; ++d) e.insert(v.row(b, h, s) + d);
+    return e;
+  };
+  int shared = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const auto w = random_view(true), x = random_view(trial % 2 == 0);
+    const auto ew = elements(w), ex = elements(x);
+    bool brute = false;
+    for (const double* p : ex) brute = brute || ew.count(p) != 0;
+    shared += brute;
+    const auto rw = continuum::detail::region_of("w", w), rx = continuum::detail::region_of("x", x);
+    INFO("trial " << trial);
+    REQUIRE(continuum::detail::share_memory(rw, rx) == brute);
+  }
+  CHECK(shared > 300);  // both answers are exercised
+  CHECK(shared < 2700);
 }

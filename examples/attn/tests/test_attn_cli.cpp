@@ -528,6 +528,21 @@ TEST_CASE("bad input: one line naming the file, non-zero exit, no output written
       {"range beyond seq_k", [&](const fs::path& d) {
          write_file(d / "lo.npy", npy_bytes<std::int64_t>({0, 0, 0}, {3}));
          write_file(d / "hi.npy", npy_bytes<std::int64_t>({5, 6, 5}, {3})); }, "--ranges DIR/lo.npy DIR/hi.npy", "hi.npy"},
+      // Headers NumPy rejects (issue 12): a leading zero (a syntax error in
+      // Python 3), an int as the shape, a vertical tab between tokens.
+      {"shape (03, 4)", [&](const fs::path& d) { write_file(d / "q.npy", npy_raw("<f8", false, "(03, 4)", std::string(96, '\0'))); }, "", "q.npy: malformed header"},
+      {"shape (12)", [&](const fs::path& d) { write_file(d / "q.npy", npy_raw("<f8", false, "(12)", std::string(96, '\0'))); }, "", "q.npy: malformed header"},
+      {"vertical tab in the header", [&](const fs::path& d) { write_file(d / "q.npy", npy_raw("<f8", false, "(3,\v4)", std::string(96, '\0'))); }, "", "q.npy: malformed header"},
+      // Sizes from the header are bounded before anything is allocated (was:
+      // a bare std::bad_alloc).
+      {"q of shape (10^12, 0)", [&](const fs::path& d) {
+         write_file(d / "q.npy", npy_raw("<f8", false, "(1000000000000, 0)", ""));
+         write_file(d / "k.npy", npy_raw("<f8", false, "(5, 0)", "")); }, "", "q.npy"},
+      // An empty array whose other sizes overflow (xnpy's strides: undefined
+      // behaviour before); NumPy refuses it as too big, and so do we.
+      {"tau file of shape (0, 10^12, 10^12)", [&](const fs::path& d) {
+         write_file(d / "tau.npy", npy_raw("<f8", false, "(0, 1000000000000, 1000000000000)", "")); },
+       "--temperature DIR/tau.npy", "tau.npy: shape (0, 1000000000000, 1000000000000) is too large"},
       {"float ranges", [&](const fs::path& d) {
          write_file(d / "lo.npy", npy_bytes<double>({0, 0, 0}, {3}));
          write_file(d / "hi.npy", npy_bytes<std::int64_t>({5, 5, 5}, {3})); }, "--ranges DIR/lo.npy DIR/hi.npy", "lo.npy"},
@@ -555,6 +570,35 @@ TEST_CASE("bad input: one line naming the file, non-zero exit, no output written
       CHECK(read_file(dir / "prev/o.npy") == "previous");
       CHECK(std::distance(fs::directory_iterator(dir / "prev"), fs::directory_iterator{}) == 1);
     }
+  }
+}
+
+TEST_CASE("headers NumPy accepts are read: any key order, either quote, form feed, CR LF, no newline", "[cli]") {
+  const fs::path dir = scratch("headers");
+  const std::string d = dir.string();
+  const Run mk = run_tool(dir, "--make-example " + d + " --example-shape 1 1 3 3 2");
+  REQUIRE(mk.rc == 0);
+  const std::string q = read_file(dir / "q.npy");
+  const std::size_t len = std::uint8_t(q[8]) | std::size_t(std::uint8_t(q[9])) << 8;
+  const std::string data = q.substr(10 + len);
+  auto with_header = [&](std::string dict) {  // v1.0, padded to 64 bytes as NumPy does
+    const std::size_t total = (10 + dict.size() + 63) / 64 * 64;
+    dict.append(total - 10 - dict.size(), ' ');
+    std::string out = "\x93NUMPY";
+    out += char(1), out += char(0), out += char(dict.size() & 0xff), out += char(dict.size() >> 8);
+    return out + dict + data;
+  };
+  const std::vector<std::string> dicts{
+      "{\"shape\": (1, 1, 3,\f2), 'fortran_order': False, \"descr\": '<f8'}\r\n",
+      "  {'descr':'f8','fortran_order':False,'shape':(1,1,3, 2,)}",
+      "{'descr': '<f8',\n 'fortran_order': False,\n 'shape': ( 1 , 1 , 3 , 2 ) }\n\n",
+  };
+  for (const std::string& dict : dicts) {
+    INFO(dict);
+    write_file(dir / "q2.npy", with_header(dict));
+    const Run r = run_tool(dir, "--q " + d + "/q2.npy --k " + d + "/k.npy --v " + d + "/v.npy --out " + d + "/out");
+    INFO("stderr: " << r.err);
+    CHECK(r.rc == 0);
   }
 }
 

@@ -12,6 +12,7 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -135,9 +136,16 @@ Model<float> load_checkpoint(const std::string& path) {
   } catch (const std::exception& e) {
     throw bad(std::string("bad config in __metadata__: ") + e.what());
   }
-  Model<float> model(cfg);
-  auto& p = model.params();
-  for (const auto& t : model.layout().tensors) {
+  // Everything is checked against the tensors the file holds before the
+  // model is allocated: its size then follows from the file's own data, not
+  // from the metadata alone (a 200-byte file could ask for gigabytes). Every
+  // block has tensors, so n_layer is bounded by the file's tensor count first
+  // (the Layout lists n_layer blocks).
+  if (std::size_t(cfg.n_layer) > f.tensors.size())
+    throw bad("the config's " + std::to_string(cfg.n_layer) + " layers need more tensors than the file's " +
+              std::to_string(f.tensors.size()));
+  const Layout layout(cfg);
+  for (const auto& t : layout.tensors) {
     auto it = f.tensors.find(t.name);
     if (it == f.tensors.end()) throw bad("missing tensor '" + t.name + "'");
     if (it->second.shape != t.shape) {
@@ -146,13 +154,25 @@ Model<float> load_checkpoint(const std::string& path) {
       for (auto s : t.shape) want += std::to_string(s) + " ";
       throw bad("tensor '" + t.name + "' has shape [ " + got + "], the config needs [ " + want + "]");
     }
-    std::copy(it->second.data.begin(), it->second.data.end(), p.begin() + std::ptrdiff_t(t.offset));
-    f.tensors.erase(it);
+    for (float v : it->second.data)
+      if (!std::isfinite(v)) throw bad("tensor '" + t.name + "' has a non-finite value");
   }
-  if (!f.tensors.empty()) throw bad("unexpected tensor '" + f.tensors.begin()->first + "'");
-  for (float v : p)
-    if (!std::isfinite(v)) throw bad("non-finite parameter value");
-  return model;
+  if (f.tensors.size() != layout.tensors.size()) {
+    for (const auto& t : layout.tensors) f.tensors.erase(t.name);
+    throw bad("unexpected tensor '" + f.tensors.begin()->first + "'");
+  }
+  std::optional<Model<float>> model;
+  try {
+    model.emplace(cfg);
+  } catch (const std::bad_alloc&) {
+    throw bad("not enough memory for the model's " + std::to_string(layout.total) + " parameters");
+  }
+  auto& p = model->params();
+  for (const auto& t : layout.tensors) {
+    const auto& data = f.tensors.at(t.name).data;
+    std::copy(data.begin(), data.end(), p.begin() + std::ptrdiff_t(t.offset));
+  }
+  return std::move(*model);
 }
 
 // ---------------------------------------------------------------- training

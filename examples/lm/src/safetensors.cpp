@@ -1,8 +1,10 @@
 #include "safetensors.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -73,11 +75,31 @@ void save_safetensors(const std::string& path, const StFile& file) {
   write_file_atomic(path, out);
 }
 
-StFile load_safetensors(const std::string& path) {
-  if (!little_endian()) throw std::runtime_error("safetensors: big-endian hosts unsupported");
+/// The bytes of a regular file, read whole: the size comes from the file
+/// system first, so /dev/zero, a pipe or a folder is refused with the path
+/// instead of being read until memory runs out.
+std::string read_regular_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) fail(path, S_ISDIR(st.st_mode) ? "not a regular file (a folder)" : "not a regular file");
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "cannot open");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  std::string bytes;
+  try {
+    bytes.resize(static_cast<std::size_t>(st.st_size));
+  } catch (const std::exception&) {
+    fail(path, "not enough memory to read its " + std::to_string(st.st_size) + " bytes");
+  }
+  in.read(bytes.data(), std::streamsize(bytes.size()));
+  if (std::size_t(in.gcount()) != bytes.size() || in.peek() != std::char_traits<char>::eof())
+    fail(path, "read error (the file changed while it was read?)");
+  return bytes;
+}
+
+StFile load_safetensors(const std::string& path) { return parse_safetensors(read_regular_file(path), path); }
+
+StFile parse_safetensors(const std::string& bytes, const std::string& path) {
+  if (!little_endian()) throw std::runtime_error("safetensors: big-endian hosts unsupported");
   if (bytes.size() < 8) fail(path, "truncated (" + std::to_string(bytes.size()) +
                                        " bytes, the header length alone needs 8)");
   std::uint64_t hn = 0;
@@ -86,6 +108,13 @@ StFile load_safetensors(const std::string& path) {
   if (8 + hn > bytes.size())
     fail(path, "truncated: header claims " + std::to_string(hn) + " bytes but the file has " +
                    std::to_string(bytes.size() - 8) + " after the length");
+  // The reference loader parses the header as a whole with serde_json: JSON
+  // whitespace may pad it, anything else after the JSON is an error. nlohmann
+  // would stop at a NUL (its end-of-input marker) and ignore the rest; a NUL
+  // is never valid JSON outside a string, nor unescaped inside one.
+  const std::size_t nul = bytes.find('\0', 8);
+  if (nul < 8 + hn)
+    fail(path, "NUL byte at offset " + std::to_string(nul - 8) + " of the JSON header (trailing characters)");
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + std::ptrdiff_t(hn));

@@ -29,7 +29,14 @@ void save_safetensors(const std::string& path, const StFile& file);
 /// Reads and validates `path`: truncated files, a malformed or oversized
 /// header, unknown dtypes, shapes that disagree with the byte ranges, ranges
 /// out of bounds, overlapping or leaving holes → std::runtime_error.
+/// A regular file only: devices, pipes and folders are refused; every error
+/// names the file. The header must parse as JSON in full (JSON whitespace
+/// may pad it, as the reference loader allows; anything else, a NUL
+/// included, is an error).
 StFile load_safetensors(const std::string& path);
+
+/// load_safetensors on the file's bytes; `path` names it in errors.
+StFile parse_safetensors(const std::string& bytes, const std::string& path);
 
 /// Writes `text` to `path` atomically (temp file in the same folder + rename).
 void write_file_atomic(const std::string& path, const std::string& text);

@@ -389,6 +389,53 @@ TEST_CASE("checkpoints: round trip, truncated, malformed, mismatched files are r
     CHECK(g.tensors.at("x").data == std::vector<float>{1.f, 2.f});
   }
   CHECK_THROWS_WITH(load_checkpoint((dir / "nope").string()), Contains("cannot open"));
+  {
+    // A NUL after the JSON (was: nlohmann stopped there and the rest was
+    // ignored; the reference loader reports trailing characters). JSON
+    // whitespace as padding stays valid (save_safetensors pads with spaces).
+    for (const std::string pad : {std::string("\0", 1), std::string("  \0", 3), std::string(" x")}) {
+      std::string h = header + pad;
+      std::string s(8, '\0');
+      const std::uint64_t n = h.size();
+      std::memcpy(&s[0], &n, 8);
+      expect(s + h + good.substr(8 + hn), pad.back() == 'x' ? "malformed JSON header" : "NUL byte");
+    }
+    std::string h = header + " \t\r\n";
+    std::string s(8, '\0');
+    const std::uint64_t n = h.size();
+    std::memcpy(&s[0], &n, 8);
+    write(path, s + h + good.substr(8 + hn));
+    CHECK(load_checkpoint(path).params() == m.params());
+  }
+}
+
+TEST_CASE("checkpoints: checked before anything is allocated; folders and devices are refused", "[checkpoint]") {
+  const auto dir = temp_dir("ckpt-hostile");
+  // A small file whose config asks for a model of 2^50 + parameters and that
+  // holds no tensor (was: the model was allocated from the metadata first, a
+  // bare std::bad_alloc; a smaller such config allocated 1.59 GB before
+  // "missing tensor").
+  Config c = preset("smoke");
+  c.d_model = 1 << 20;
+  c.n_head = 1;
+  c.mlp_mult = 1024;
+  StFile f;
+  f.metadata["config"] = to_json(c).dump();
+  const std::string path = (dir / "huge.safetensors").string();
+  save_safetensors(path, f);
+  CHECK(fs::file_size(path) < 2000);
+  CHECK_THROWS_WITH(load_checkpoint(path), Contains("huge.safetensors") && Contains("tensors"));
+  // The right tensor count but one shape too large: refused from the shapes.
+  c.n_layer = 1;
+  f.metadata["config"] = to_json(c).dump();
+  for (int i = 0; i < 16; ++i) f.tensors["t" + std::to_string(i)] = StTensor{{1}, {0.f}};
+  save_safetensors(path, f);
+  CHECK_THROWS_WITH(load_checkpoint(path), Contains("huge.safetensors") && Contains("missing tensor 'wte'"));
+  // Folders and devices: a one-line error naming the path (was: a folder
+  // read as an empty file; /dev/zero read until memory ran out).
+  for (const std::string p : {dir.string(), std::string("/dev/null"), std::string("/dev/zero")})
+    CHECK_THROWS_WITH(load_checkpoint(p), Contains("'" + p + "'") && Contains("not a regular file"));
+
   // Atomic write: no temp file left behind.
   for (const auto& e : fs::directory_iterator(dir))
     CHECK(e.path().string().find(".tmp.") == std::string::npos);

@@ -1,6 +1,8 @@
 // attention/backward.hpp — the public backward entry point (SPEC §6, §8).
 #pragma once
 
+#include <algorithm>
+
 #include "../backends/backend.hpp"
 #include "../detail/dispatch.hpp"
 #include "params.hpp"
@@ -35,7 +37,11 @@ namespace continuum {
 ///            KV head. grad_temperature: the temperature's shape (1, [Hq] or
 ///            [B, Hq, Lq] contiguous) or null; summed over what shares τ.
 /// \throws std::invalid_argument as attention_forward, for every argument,
-///         and when an output aliases an input or another output.
+///         and when an output shares an element with an input or another
+///         output (views, lse, temperature, ranges, dτ; outputs may interleave,
+///         e.g. dQ, dK, dV as views of one packed gradient buffer).
+/// \note Zero sizes: with B, Hq or Lq = 0 (also Hq = Hk = 0) nothing is
+///       attended and dK, dV, dτ are zero, written without calling a kernel.
 /// \note Deterministic: bitwise identical for any thread count (query blocks
 ///       own dQ, key tiles own dK/dV, fixed summation orders, no atomics).
 ///       Empty rows give zero gradients. Memory O(B·Hq·Lq + tiles).
@@ -50,8 +56,15 @@ template <class Backend, class T>
 void attention_backward(Backend, const BackwardArgs<T>& args) {
   double scale = 1.0;
   const AttentionShape shape = validate_backward(args, &scale);
-  detail::with_stencil(args.kernel, [&](auto stencil) {
-    attention_impl<Backend>::template backward<T, decltype(stencil)>(args, shape, scale);
+  const BackwardArgs<T> a = detail::settled(args);
+  if (shape.rows() == 0) {  // no query (B, Hq or Lq = 0): every gradient is zero
+    detail::fill_zero(a.grad_query), detail::fill_zero(a.grad_key), detail::fill_zero(a.grad_value);
+    if (a.grad_temperature != nullptr)
+      std::fill_n(a.grad_temperature, detail::temperature_count(a.temperature, shape), accum_t<T>(0));
+    return;
+  }
+  detail::with_stencil(a.kernel, [&](auto stencil) {
+    attention_impl<Backend>::template backward<T, decltype(stencil)>(a, shape, scale);
   });
 }
 

@@ -41,9 +41,15 @@ namespace continuum {
 ///         multiple of Hk, τ ≤ 0 or non-finite (every element), scale/τ
 ///         overflowing, scale ≤ 0 or non-finite, ranges outside
 ///         [0, Lk] or lo > hi, null data with a non-empty shape, outputs
-///         aliasing inputs or each other, self-overlapping output views,
-///         strides × sizes overflowing a 64-bit element offset, D = 0
-///         with the default scale 1/sqrt(D).
+///         sharing an element with an input or each other (views, lse,
+///         temperature, ranges, P, π), self-overlapping output views,
+///         sizes, element counts or element offsets beyond 2^62, views
+///         running past the end of the address space, D = 0 with the default
+///         scale 1/sqrt(D); with float_arithmetic and float storage, scale / τ
+///         beyond FLT_MAX (the tiled kernels form it in float).
+/// \note Zero sizes: B, Hq or Lq = 0 (also Hq = Hk = 0) is a problem with
+///       nothing to write, and returns at once; Lk = 0 gives empty rows; D = 0
+///       (explicit scale) gives scores 0; Dv = 0 leaves lse, P and π.
 /// \note Rows with no visible key give out = 0 and lse = -inf, never NaN.
 ///       Non-finite values in Q/K/V reach only the rows that see them (a key
 ///       whose weight underflows to exactly 0 contributes nothing). Double
@@ -57,8 +63,10 @@ template <class Backend, class T>
 void attention_forward(Backend, const ForwardArgs<T>& args) {
   double scale = 1.0;
   const AttentionShape shape = validate_forward(args, &scale);
-  detail::with_stencil(args.kernel, [&](auto stencil) {
-    attention_impl<Backend>::template forward<T, decltype(stencil)>(args, shape, scale);
+  if (shape.rows() == 0) return;  // no query (B, Hq or Lq = 0): nothing to write
+  const ForwardArgs<T> a = detail::settled(args);
+  detail::with_stencil(a.kernel, [&](auto stencil) {
+    attention_impl<Backend>::template forward<T, decltype(stencil)>(a, shape, scale);
   });
 }
 

@@ -19,7 +19,10 @@ using index_t = std::int64_t;
 /// framework states it, and the operator rejects anything but 1. BHSD, BSHD
 /// and packed QKV layouts are all expressible without copies. A 2-D
 /// [seq, dim] tensor is batch = heads = 1. Output views must not overlap
-/// themselves (each element written once) nor any input.
+/// themselves (each element written once) and no buffer the operator writes
+/// may share an element with any other argument it reads or writes (checked
+/// element by element: interleaved layouts such as dQ, dK, dV in one packed
+/// buffer are fine). Sizes, element counts and offsets are limited to 2^62.
 template <class T>
 struct TensorView {
   T* data = nullptr;
@@ -101,11 +104,13 @@ struct ForwardArgs {
   /// false (default): the CPU backend's exact kernels, computing in double and
   /// rounding each output once. true: opt in to the tiled FlashAttention-style
   /// kernels (backends/cpu/flash.hpp), which compute in the storage precision
-  /// (for float about 2× faster; errors ~1e-6 of max|out| instead of one
+  /// (10–17× faster than the exact kernels, docs/PERFORMANCE.md; errors ~1e-6 of max|out| instead of one
   /// rounding). A query row whose *visible* data they do not suit (a NaN or Inf,
   /// scores beyond 4096, values near overflow) is computed by the exact
   /// kernels; data a row cannot see never changes its result, on either path.
-  /// Results stay independent of num_threads either way.
+  /// Results stay independent of num_threads either way. With float storage
+  /// the tiled kernels form scale / τ in float: τ for which it exceeds
+  /// FLT_MAX is rejected (std::invalid_argument), not computed.
   bool float_arithmetic = false;
   /// OpenMP threads; 0 = the runtime's default. Results do not depend on it.
   int num_threads = 0;
@@ -132,7 +137,7 @@ struct BackwardArgs {
   /// false (default): the CPU backend's exact kernels, computing in double and
   /// rounding each output once. true: opt in to the tiled FlashAttention-style
   /// kernels (backends/cpu/flash.hpp), which compute in the storage precision
-  /// (for float about 2× faster; errors ~1e-6 of max|out| instead of one
+  /// (10–17× faster than the exact kernels, docs/PERFORMANCE.md; errors ~1e-6 of max|out| instead of one
   /// rounding). A query row whose *visible* data they do not suit (a NaN or Inf,
   /// scores beyond 4096, values near overflow) is computed by the exact
   /// kernels; data a row cannot see never changes its result, on either path.

@@ -5,10 +5,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "params.hpp"
 
@@ -18,6 +21,8 @@ namespace continuum {
 struct AttentionShape {
   index_t batch = 0, heads_q = 0, heads_kv = 0, len_q = 0, len_k = 0, dim = 0, dim_v = 0;
   index_t group() const { return heads_kv > 0 ? heads_q / heads_kv : 0; }
+  /// Query rows B·Hq·Lq (validated to be at most 2^62).
+  index_t rows() const { return batch * heads_q * len_q; }
 };
 
 namespace detail {
@@ -43,37 +48,49 @@ inline std::string num(double x) {
   throw std::invalid_argument(std::string("continuum::") + fn + ": " + what);
 }
 
-template <class T>
-index_t element_count(const TensorView<T>& v) {
-  return v.batch * v.heads * v.seq * v.dim;
+/// The bound on every element count, element offset and problem size formed
+/// from the arguments: 2^62. Products and sums of checked sizes and strides
+/// never overflow index_t, and the kernels' index arithmetic (adding a tile
+/// width, one more product with a checked size) keeps a margin.
+inline constexpr index_t max_extent = index_t(1) << 62;
+
+/// r = a·b for a, b in [0, max_extent]; false when the product exceeds max_extent.
+inline bool mul_within(index_t a, index_t b, index_t& r) {
+  if (a != 0 && b > max_extent / a) return false;
+  r = a * b;
+  return true;
 }
 
-/// Byte range [first, last) that a view touches (empty when it has no element).
-struct Span {
-  std::uintptr_t first = 0, last = 0;
-  bool empty() const { return last <= first; }
-};
-template <class T>
-Span span_of(const TensorView<T>& v) {
-  if (v.data == nullptr || element_count(v) == 0) return {};
-  const index_t far = (v.batch - 1) * v.stride_batch + (v.heads - 1) * v.stride_head +
-                      (v.seq - 1) * v.stride_seq + (v.dim - 1);
-  const auto p = reinterpret_cast<std::uintptr_t>(v.data);
-  return {p, p + static_cast<std::uintptr_t>(far + 1) * sizeof(T)};
+/// r = Π n (0 when any n is 0, whatever the others); false when it exceeds max_extent.
+inline bool product_within(std::initializer_list<index_t> n, index_t& r) {
+  for (index_t x : n)
+    if (x == 0) return r = 0, true;
+  r = 1;
+  for (index_t x : n)
+    if (!mul_within(r, x, r)) return false;
+  return true;
 }
+
+/// Elements of a view whose sizes check_view accepted.
 template <class T>
-Span span_of(const T* p, index_t n) {
-  if (p == nullptr || n <= 0) return {};
-  const auto a = reinterpret_cast<std::uintptr_t>(p);
-  return {a, a + static_cast<std::uintptr_t>(n) * sizeof(T)};
+index_t element_count(const TensorView<T>& v) {
+  index_t n = 0;
+  product_within({v.batch, v.heads, v.seq, v.dim}, n);
+  return n;
 }
-inline bool overlap(Span a, Span b) {
-  return !a.empty() && !b.empty() && a.first < b.last && b.first < a.last;
+
+template <class T>
+std::string strides_str(const TensorView<T>& v) {
+  return "(" + std::to_string(v.stride_batch) + ", " + std::to_string(v.stride_head) + ", " +
+         std::to_string(v.stride_seq) + ", " + std::to_string(v.stride_dim) + ")";
 }
 
 /// Checks one view: expected sizes, non-negative strides, unit dim stride,
-/// non-null data when it has elements, and (for outputs) that no two
-/// elements share memory.
+/// element count and furthest element offset within max_extent (also for a
+/// view with no element), non-null data when it has elements, its bytes
+/// inside the address space, and (for outputs) that no two elements share
+/// memory: sorted by stride, each axis starts past the span of the smaller
+/// ones (the layouts of contiguous, permuted, sliced and packed tensors).
 template <class T>
 void check_view(const char* fn, const char* name, const TensorView<T>& v, index_t b, index_t h,
                 index_t s, index_t d, const char* expected, bool is_output) {
@@ -84,58 +101,197 @@ void check_view(const char* fn, const char* name, const TensorView<T>& v, index_
     fail(fn, std::string(name) + ": the dim (last) axis must be contiguous (stride_dim == 1), got " +
                  std::to_string(v.stride_dim));
   if (v.stride_batch < 0 || v.stride_head < 0 || v.stride_seq < 0)
-    fail(fn, std::string(name) + ": strides must be >= 0, got (" + std::to_string(v.stride_batch) +
-                 ", " + std::to_string(v.stride_head) + ", " + std::to_string(v.stride_seq) + ", 1)");
-  {  // every offset and the element count must fit in index_t (no wrap-around)
-    constexpr index_t big = std::numeric_limits<index_t>::max();
+    fail(fn, std::string(name) + ": strides must be >= 0, got " + strides_str(v));
+  index_t count = 0;
+  if (!product_within({v.batch, v.heads, v.seq, v.dim}, count))
+    fail(fn, std::string(name) + ": shape " + shape_str(v) + " has more than 2^62 elements");
+  {  // furthest element offset, over the axes of size >= 2
     const index_t n[4] = {v.batch, v.heads, v.seq, v.dim};
     const index_t st[4] = {v.stride_batch, v.stride_head, v.stride_seq, 1};
-    const bool any_empty = n[0] == 0 || n[1] == 0 || n[2] == 0 || n[3] == 0;
-    index_t far = 0, count = 1;
-    for (int a = 0; a < 4 && !any_empty; ++a) {
-      if (n[a] > 1 && st[a] > (big - far) / (n[a] - 1)) far = -1;
-      if (far >= 0) far += st[a] * (n[a] - 1);
-      if (count > big / n[a]) count = -1;
-      if (count >= 0) count *= n[a];
-      if (far < 0 || count < 0)
-        fail(fn, std::string(name) + ": shape " + shape_str(v) + " with strides (" +
-                     std::to_string(v.stride_batch) + ", " + std::to_string(v.stride_head) + ", " +
-                     std::to_string(v.stride_seq) + ", 1) overflows a 64-bit element offset");
+    index_t far = 0;
+    for (int a = 0; a < 4; ++a) {
+      index_t term = 0;
+      if (n[a] >= 2 && (!mul_within(st[a], n[a] - 1, term) || term > max_extent - far))
+        fail(fn, std::string(name) + ": shape " + shape_str(v) + " with strides " + strides_str(v) +
+                     " reaches element offsets beyond 2^62");
+      far += term;
     }
+    if (count != 0 && v.data == nullptr)
+      fail(fn, std::string(name) + ": data is null but the shape " + shape_str(v) + " is not empty");
+    const auto p = reinterpret_cast<std::uintptr_t>(v.data);
+    if (count != 0 && static_cast<std::uintptr_t>(far) >=
+                          (std::numeric_limits<std::uintptr_t>::max() - p) / sizeof(T))
+      fail(fn, std::string(name) + ": shape " + shape_str(v) + " with strides " + strides_str(v) +
+                   " runs past the end of the address space");
   }
-  if (v.data == nullptr && element_count(v) != 0)
-    fail(fn, std::string(name) + ": data is null but the shape " + shape_str(v) + " is not empty");
-  if (is_output && element_count(v) != 0) {
-    // Injective layout: sort the non-trivial axes by stride; each stride must
-    // reach past everything the smaller axes span.
+  if (is_output && count != 0) {
     index_t sz[3] = {v.batch, v.heads, v.seq};
     index_t st[3] = {v.stride_batch, v.stride_head, v.stride_seq};
+    const char* axis[3] = {"batch", "head", "seq"};
     for (int a = 0; a < 3; ++a)
       for (int c = a + 1; c < 3; ++c)
         if (st[c] < st[a]) {
-          index_t t = st[a]; st[a] = st[c]; st[c] = t;
-          t = sz[a]; sz[a] = sz[c]; sz[c] = t;
+          std::swap(st[a], st[c]);
+          std::swap(sz[a], sz[c]);
+          std::swap(axis[a], axis[c]);
         }
     index_t extent = v.dim;
     for (int a = 0; a < 3; ++a) {
       if (sz[a] <= 1) continue;
       if (st[a] < extent)
-        fail(fn, std::string(name) + ": output view overlaps itself (strides " +
-                     std::to_string(v.stride_batch) + ", " + std::to_string(v.stride_head) + ", " +
-                     std::to_string(v.stride_seq) + " for shape " + shape_str(v) + ")");
+        fail(fn, std::string(name) + ": output view overlaps itself: the " + axis[a] + " stride " +
+                     std::to_string(st[a]) + " is smaller than the " + std::to_string(extent) +
+                     " elements the smaller-stride axes span (shape " + shape_str(v) + ", strides " +
+                     strides_str(v) + ")");
       extent = st[a] * (sz[a] - 1) + extent;
     }
   }
 }
 
+/// The memory a buffer touches, in bytes: rows of `row` bytes starting at
+/// base + Σ_a i_a·step[a], 0 <= i_a < n[a], axes in ascending step order (a
+/// view: its batch, head and seq axes; an array: one row). `nested` when the
+/// rows lie in address order without overlap (every output view, by
+/// check_view; every array).
+struct Region {
+  const char* name = "";
+  std::uintptr_t base = 0, row = 0, last = 0;  ///< every byte lies in [base, last)
+  index_t n[3] = {1, 1, 1};
+  std::uintptr_t step[3] = {0, 0, 0};
+  bool nested = true;
+  bool empty() const { return last <= base; }
+  index_t rows() const { return n[0] * n[1] * n[2]; }
+};
+
+/// The region of a view that check_view accepted (empty: no element or null).
 template <class T>
-void check_temperature(const char* fn, const Temperature<T>& t, const AttentionShape& s, double scale) {
+Region region_of(const char* name, const TensorView<T>& v) {
+  Region r;
+  r.name = name;
+  if (v.data == nullptr || element_count(v) == 0) return r;
+  r.base = reinterpret_cast<std::uintptr_t>(v.data);
+  r.row = static_cast<std::uintptr_t>(v.dim) * sizeof(T);
+  const index_t n[3] = {v.batch, v.heads, v.seq}, st[3] = {v.stride_batch, v.stride_head, v.stride_seq};
+  int order[3] = {0, 1, 2};
+  for (int a = 0; a < 3; ++a)
+    for (int c = a + 1; c < 3; ++c)
+      if (st[order[c]] < st[order[a]]) std::swap(order[a], order[c]);
+  std::uintptr_t extent = r.row;
+  for (int a = 0; a < 3; ++a) {
+    r.n[a] = n[order[a]];
+    r.step[a] = static_cast<std::uintptr_t>(st[order[a]]) * sizeof(T);
+    if (r.n[a] <= 1) continue;
+    if (r.step[a] < extent) r.nested = false;
+    extent += r.step[a] * static_cast<std::uintptr_t>(r.n[a] - 1);
+  }
+  r.last = r.base + extent;  // check_view: inside the address space
+  return r;
+}
+
+/// The region of a contiguous array of `count` elements (empty: none or null).
+template <class T>
+Region region_of(const char* fn, const char* name, const T* p, index_t count) {
+  Region r;
+  r.name = name;
+  if (p == nullptr || count <= 0) return r;
+  r.base = reinterpret_cast<std::uintptr_t>(p);
+  if (static_cast<std::uintptr_t>(count) > (std::numeric_limits<std::uintptr_t>::max() - r.base) / sizeof(T))
+    fail(fn, std::string(name) + ": " + std::to_string(count) + " elements run past the end of the address space");
+  r.row = static_cast<std::uintptr_t>(count) * sizeof(T);
+  r.last = r.base + r.row;
+  return r;
+}
+
+/// Whether the nested region w has a byte in [lo, hi): the row with the
+/// largest start <= hi - 1 (found axis by axis, largest step first, as rows
+/// lie in address order) is the only candidate.
+inline bool touches(const Region& w, std::uintptr_t lo, std::uintptr_t hi) {
+  if (hi <= w.base || lo >= w.last) return false;
+  const std::uintptr_t target = (hi < w.last ? hi : w.last) - 1;
+  std::uintptr_t off = target - w.base;
+  for (int a = 2; a >= 0; --a) {
+    if (w.n[a] <= 1) continue;
+    const std::uintptr_t q = off / w.step[a], top = static_cast<std::uintptr_t>(w.n[a] - 1);
+    off -= (q < top ? q : top) * w.step[a];
+  }
+  return target - off + w.row > lo;
+}
+
+/// Whether two regions share a byte, element by element; `w` must be nested.
+inline bool share_memory(const Region& w, const Region& x) {
+  if (w.empty() || x.empty() || w.last <= x.base || x.last <= w.base) return false;
+  if (x.nested && x.rows() < w.rows()) return share_memory(x, w);  // walk the fewer rows
+  for (index_t i2 = 0; i2 < x.n[2]; ++i2)
+    for (index_t i1 = 0; i1 < x.n[1]; ++i1)
+      for (index_t i0 = 0; i0 < x.n[0]; ++i0) {
+        const std::uintptr_t start = x.base + static_cast<std::uintptr_t>(i2) * x.step[2] +
+                                     static_cast<std::uintptr_t>(i1) * x.step[1] +
+                                     static_cast<std::uintptr_t>(i0) * x.step[0];
+        if (touches(w, start, start + x.row)) return true;
+      }
+  return false;
+}
+
+/// No buffer the call writes may share an element with any other buffer it
+/// reads or writes (reads may share memory with each other).
+template <std::size_t R, std::size_t W>
+void check_no_aliasing(const char* fn, const Region (&reads)[R], const Region (&writes)[W]) {
+  for (std::size_t o = 0; o < W; ++o) {
+    for (const Region& r : reads)
+      if (share_memory(writes[o], r))
+        fail(fn, std::string(writes[o].name) + ": shares memory with the input " + r.name +
+                     " (outputs must not overlap any other argument)");
+    for (std::size_t p = 0; p < o; ++p)
+      if (share_memory(writes[o], writes[p]))
+        fail(fn, std::string(writes[o].name) + ": shares memory with the output " + writes[p].name +
+                     " (outputs must not overlap any other argument)");
+  }
+}
+
+/// Problem sizes that no single view bounds: query rows B·Hq·Lq (lse, a
+/// per-query temperature), key rows B·Hk·Lk, range entries B·Lq and, when P
+/// or π is requested, B·Hq·Lq·Lk; each within max_extent.
+inline void check_problem_size(const char* fn, const AttentionShape& s, bool ranges, bool maps) {
+  index_t n = 0;
+  auto need = [&](bool ok, const std::string& what) {
+    if (!ok) fail(fn, what + " has more than 2^62 elements");
+  };
+  need(product_within({s.batch, s.heads_q, s.len_q}, n), "[B, Hq, Lq] = [" + std::to_string(s.batch) + ", " +
+                                                              std::to_string(s.heads_q) + ", " + std::to_string(s.len_q) + "]");
+  need(product_within({s.batch, s.heads_kv, s.len_k}, n), "[B, Hk, Lk] = [" + std::to_string(s.batch) + ", " +
+                                                               std::to_string(s.heads_kv) + ", " + std::to_string(s.len_k) + "]");
+  if (ranges)
+    need(product_within({s.batch, s.len_q}, n), "visibility.range_lo/range_hi: [B, Lq] = [" +
+                                                    std::to_string(s.batch) + ", " + std::to_string(s.len_q) + "]");
+  if (maps)
+    need(product_within({s.batch, s.heads_q, s.len_q, s.len_k}, n),
+         "probs / cell_mass: [B, Hq, Lq, Lk] = " + shape_str(s.batch, s.heads_q, s.len_q, s.len_k));
+}
+
+/// Elements of the temperature array (0 for a scalar) and of dτ (1 for a scalar).
+template <class T>
+index_t temperature_count(const Temperature<T>& t, const AttentionShape& s) {
+  if (t.shape == TemperatureShape::per_head) return s.heads_q;
+  if (t.shape == TemperatureShape::per_query) return s.rows();
+  return 1;
+}
+
+/// Checks τ: finite and > 0 (every element), and c = scale / τ finite in
+/// double (the exact kernels) and, with `fold_in_float`, at most FLT_MAX (the
+/// kernels that form c in float: the CPU's tiled kernels on float storage,
+/// the CUDA backend's fp32 accumulator).
+template <class T>
+void check_temperature(const char* fn, const Temperature<T>& t, const AttentionShape& s, double scale,
+                       bool fold_in_float = false) {
   // where < 0: the scalar; otherwise a flat index into the per-head or
   // per-query array (the message is built only on failure).
   auto check_one = [&](T tau, index_t where) {
     const bool bad_value = !(tau > T(0)) || !std::isfinite(static_cast<double>(tau));
-    const bool overflow = !bad_value && !std::isfinite(scale / static_cast<double>(tau));
-    if (!bad_value && !overflow) return;
+    const double c = scale / static_cast<double>(tau);
+    const bool overflow = !bad_value && !std::isfinite(c);
+    const bool float_overflow =
+        !bad_value && !overflow && fold_in_float && !(c <= double(std::numeric_limits<float>::max()));
+    if (!bad_value && !overflow && !float_overflow) return;
     std::string name = "temperature";
     if (where >= 0) {
       if (t.shape == TemperatureShape::per_head) {
@@ -147,8 +303,13 @@ void check_temperature(const char* fn, const Temperature<T>& t, const AttentionS
       }
     }
     if (bad_value) fail(fn, name + ": must be finite and > 0, got " + num(static_cast<double>(tau)));
-    fail(fn, name + ": too small, scale / temperature = " + num(scale) + " / " +
-                 num(static_cast<double>(tau)) + " overflows");
+    if (overflow)
+      fail(fn, name + ": too small, scale / temperature = " + num(scale) + " / " +
+                   num(static_cast<double>(tau)) + " overflows");
+    fail(fn, name + ": too small for this kernel, scale / temperature = " + num(scale) + " / " +
+                 num(static_cast<double>(tau)) + " = " + num(c) +
+                 " overflows float, in which the kernel forms it (the CPU backend's exact kernels, "
+                 "float_arithmetic = false, form it in double)");
   };
   switch (t.shape) {
     case TemperatureShape::scalar: check_one(t.value, -1); break;
@@ -160,7 +321,7 @@ void check_temperature(const char* fn, const Temperature<T>& t, const AttentionS
       break;
     }
     case TemperatureShape::per_query: {
-      const index_t n = s.batch * s.heads_q * s.len_q;
+      const index_t n = s.rows();
       if (t.data == nullptr && n > 0)
         fail(fn, "temperature: per_query needs data of shape [B, Hq, Lq] = [" +
                      std::to_string(s.batch) + ", " + std::to_string(s.heads_q) + ", " +
@@ -172,13 +333,18 @@ void check_temperature(const char* fn, const Temperature<T>& t, const AttentionS
   }
 }
 
-inline double check_scale(const char* fn, const std::optional<double>& scale, index_t dim) {
+/// The softmax scale: finite and > 0 (at most FLT_MAX with `fold_in_float`,
+/// see check_temperature); default 1/sqrt(D), which needs D >= 1.
+inline double check_scale(const char* fn, const std::optional<double>& scale, index_t dim,
+                          bool fold_in_float = false) {
   if (!scale) {
     if (dim < 1) fail(fn, "scale: the default 1/sqrt(head_dim) needs head_dim >= 1, got " + std::to_string(dim));
     return 1.0 / std::sqrt(static_cast<double>(dim));
   }
   if (!(*scale > 0.0) || !std::isfinite(*scale))
     fail(fn, "scale: must be finite and > 0, got " + num(*scale));
+  if (fold_in_float && !(*scale <= double(std::numeric_limits<float>::max())))
+    fail(fn, "scale: " + num(*scale) + " overflows float, in which this kernel forms scale / temperature");
   return *scale;
 }
 
@@ -226,42 +392,92 @@ AttentionShape resolve_shape(const char* fn, const TensorView<const T>& q, const
 
 }  // namespace detail
 
-/// Validates forward arguments (SPEC §3, §8); returns the resolved shape and
-/// the scale. \throws std::invalid_argument naming the argument.
+/// How a backend's kernels use the arguments, where that changes the checks.
+struct ValidateOptions {
+  const char* fn = "attention_forward";  ///< the name errors start with
+  /// false: the temperature and range arrays are in device memory (the CUDA
+  /// backend checks their values there); here only their sizes and aliasing.
+  bool host_arrays = true;
+  /// The kernel forms c = scale / τ in float (check_temperature).
+  bool fold_in_float = false;
+};
+
+namespace detail {
+
+/// The checks both entry points share after the views: kernel, scale,
+/// temperature values, visibility, threads.
+template <class T, class Args>
+double check_parameters(const Args& a, const AttentionShape& s, const ValidateOptions& opt) {
+  const char* fn = opt.fn;
+  if (a.kernel != Kernel::continuum && a.kernel != Kernel::softmax && a.kernel != Kernel::focal)
+    fail(fn, "kernel: unknown value");
+  const double scale = check_scale(fn, a.scale, s.dim, opt.fold_in_float);
+  Visibility vis = a.visibility;
+  const bool tau_array = a.temperature.shape != TemperatureShape::scalar;
+  if (opt.host_arrays || !tau_array || (a.temperature.data == nullptr && temperature_count(a.temperature, s) > 0))
+    check_temperature(fn, a.temperature, s, scale, opt.fold_in_float);
+  if (!opt.host_arrays && vis.range_lo != nullptr && vis.range_hi != nullptr)
+    vis.range_lo = vis.range_hi = nullptr;  // values checked on the device
+  check_visibility(fn, vis, s);
+  check_threads(fn, a.num_threads);
+  return scale;
+}
+
+/// The regions of the arguments read by both passes besides the views: a
+/// per-head / per-query temperature and the explicit ranges.
+template <class Args>
+void parameter_regions(const char* fn, const Args& a, const AttentionShape& s, Region& tau, Region& lo, Region& hi) {
+  const bool tau_array = a.temperature.shape != TemperatureShape::scalar;
+  tau = region_of(fn, "temperature.data", tau_array ? a.temperature.data : nullptr,
+                  temperature_count(a.temperature, s));
+  const index_t n = a.visibility.range_lo || a.visibility.range_hi ? s.batch * s.len_q : 0;
+  lo = region_of(fn, "visibility.range_lo", a.visibility.range_lo, n);
+  hi = region_of(fn, "visibility.range_hi", a.visibility.range_hi, n);
+}
+
+}  // namespace detail
+
+/// Validates forward arguments (SPEC §3, §8) for the kernels `opt` describes;
+/// returns the resolved shape and the scale.
+/// \throws std::invalid_argument naming the argument.
 template <class T>
-AttentionShape validate_forward(const ForwardArgs<T>& a, double* scale_out = nullptr) {
-  const char* fn = "attention_forward";
+AttentionShape validate_forward(const ForwardArgs<T>& a, double* scale_out, const ValidateOptions& opt) {
+  const char* fn = opt.fn;
   using namespace detail;
   const AttentionShape s = resolve_shape<T>(fn, a.query, a.key, a.value);
   check_view(fn, "out", a.out, s.batch, s.heads_q, s.len_q, s.dim_v, "[B, Hq, Lq, Dv]", true);
-  const index_t rows = s.batch * s.heads_q * s.len_q;
-  const index_t maps = rows * s.len_k;
-  const Span in[] = {span_of(a.query), span_of(a.key), span_of(a.value)};
-  const Span outs[] = {span_of(a.out), span_of(a.lse, rows), span_of(a.probs, maps),
-                       span_of(a.cell_mass, maps)};
-  const char* out_names[] = {"out", "lse", "probs", "cell_mass"};
-  for (int o = 0; o < 4; ++o) {
-    for (const Span& i : in)
-      if (overlap(outs[o], i)) fail(fn, std::string(out_names[o]) + ": aliases an input (query/key/value)");
-    for (int p = 0; p < o; ++p)
-      if (overlap(outs[o], outs[p]))
-        fail(fn, std::string(out_names[o]) + ": aliases " + out_names[p]);
-  }
-  if (a.kernel != Kernel::continuum && a.kernel != Kernel::softmax && a.kernel != Kernel::focal)
-    fail(fn, "kernel: unknown value");
-  const double scale = check_scale(fn, a.scale, s.dim);
-  check_temperature(fn, a.temperature, s, scale);
-  check_visibility(fn, a.visibility, s);
-  check_threads(fn, a.num_threads);
+  const bool maps = a.probs != nullptr || a.cell_mass != nullptr;
+  check_problem_size(fn, s, a.visibility.range_lo || a.visibility.range_hi, maps);
+  const index_t rows = s.rows();
+  const index_t cells = maps ? rows * s.len_k : 0;
+  Region tau, lo, hi;
+  parameter_regions(fn, a, s, tau, lo, hi);
+  const Region reads[] = {region_of("query", a.query), region_of("key", a.key), region_of("value", a.value),
+                          tau, lo, hi};
+  const Region writes[] = {region_of("out", a.out), region_of(fn, "lse", a.lse, rows),
+                           region_of(fn, "probs", a.probs, cells), region_of(fn, "cell_mass", a.cell_mass, cells)};
+  check_no_aliasing(fn, reads, writes);
+  const double scale = check_parameters<T>(a, s, opt);
   if (scale_out) *scale_out = scale;
   return s;
 }
 
-/// Validates backward arguments (SPEC §6); returns the resolved shape and the
-/// scale. \throws std::invalid_argument naming the argument.
+/// validate_forward for the CPU backend: its tiled kernels
+/// (float_arithmetic) form scale / τ in the storage type.
 template <class T>
-AttentionShape validate_backward(const BackwardArgs<T>& a, double* scale_out = nullptr) {
-  const char* fn = "attention_backward";
+AttentionShape validate_forward(const ForwardArgs<T>& a, double* scale_out = nullptr) {
+  ValidateOptions opt;
+  opt.fn = "attention_forward";
+  opt.fold_in_float = a.float_arithmetic && std::is_same<T, float>::value;
+  return validate_forward(a, scale_out, opt);
+}
+
+/// Validates backward arguments (SPEC §6) for the kernels `opt` describes;
+/// returns the resolved shape and the scale.
+/// \throws std::invalid_argument naming the argument.
+template <class T>
+AttentionShape validate_backward(const BackwardArgs<T>& a, double* scale_out, const ValidateOptions& opt) {
+  const char* fn = opt.fn;
   using namespace detail;
   const AttentionShape s = resolve_shape<T>(fn, a.query, a.key, a.value);
   check_view(fn, "out", a.out, s.batch, s.heads_q, s.len_q, s.dim_v, "[B, Hq, Lq, Dv]", false);
@@ -273,31 +489,66 @@ AttentionShape validate_backward(const BackwardArgs<T>& a, double* scale_out = n
     check_view(fn, "grad_key", a.grad_key, s.batch, s.heads_kv, s.len_k, s.dim, "[B, Hk, Lk, D]", true);
   if (a.grad_value.data)
     check_view(fn, "grad_value", a.grad_value, s.batch, s.heads_kv, s.len_k, s.dim_v, "[B, Hk, Lk, Dv]", true);
-  const index_t rows = s.batch * s.heads_q * s.len_q;
-  index_t ntau = 1;
-  if (a.temperature.shape == TemperatureShape::per_head) ntau = s.heads_q;
-  if (a.temperature.shape == TemperatureShape::per_query) ntau = rows;
-  const Span in[] = {span_of(a.query), span_of(a.key), span_of(a.value), span_of(a.out),
-                     span_of(a.grad_out), span_of(a.lse, rows),
-                     span_of(a.temperature.shape == TemperatureShape::scalar ? nullptr : a.temperature.data, ntau)};
-  const Span outs[] = {span_of(a.grad_query), span_of(a.grad_key), span_of(a.grad_value),
-                       span_of(a.grad_temperature, ntau)};
-  const char* out_names[] = {"grad_query", "grad_key", "grad_value", "grad_temperature"};
-  for (int o = 0; o < 4; ++o) {
-    for (const Span& i : in)
-      if (overlap(outs[o], i))
-        fail(fn, std::string(out_names[o]) + ": aliases an input (query/key/value/out/grad_out/lse/temperature)");
-    for (int p = 0; p < o; ++p)
-      if (overlap(outs[o], outs[p])) fail(fn, std::string(out_names[o]) + ": aliases " + out_names[p]);
-  }
-  if (a.kernel != Kernel::continuum && a.kernel != Kernel::softmax && a.kernel != Kernel::focal)
-    fail(fn, "kernel: unknown value");
-  const double scale = check_scale(fn, a.scale, s.dim);
-  check_temperature(fn, a.temperature, s, scale);
-  check_visibility(fn, a.visibility, s);
-  check_threads(fn, a.num_threads);
+  check_problem_size(fn, s, a.visibility.range_lo || a.visibility.range_hi, false);
+  Region tau, lo, hi;
+  parameter_regions(fn, a, s, tau, lo, hi);
+  const Region reads[] = {region_of("query", a.query), region_of("key", a.key), region_of("value", a.value),
+                          region_of("out", a.out), region_of("grad_out", a.grad_out),
+                          region_of(fn, "lse", a.lse, s.rows()), tau, lo, hi};
+  const Region writes[] = {region_of("grad_query", a.grad_query), region_of("grad_key", a.grad_key),
+                           region_of("grad_value", a.grad_value),
+                           region_of(fn, "grad_temperature", a.grad_temperature, temperature_count(a.temperature, s))};
+  check_no_aliasing(fn, reads, writes);
+  const double scale = check_parameters<T>(a, s, opt);
   if (scale_out) *scale_out = scale;
   return s;
 }
+
+/// validate_backward for the CPU backend (see validate_forward).
+template <class T>
+AttentionShape validate_backward(const BackwardArgs<T>& a, double* scale_out = nullptr) {
+  ValidateOptions opt;
+  opt.fn = "attention_backward";
+  opt.fold_in_float = a.float_arithmetic && std::is_same<T, float>::value;
+  return validate_backward(a, scale_out, opt);
+}
+
+namespace detail {
+
+/// A view with no element as the kernels get it: strides 0 and, when it is
+/// an input, a non-null pointer, so that row() forms no offset (from null or
+/// past the end) however its sizes and strides read. A null output stays
+/// null (not requested).
+template <class T>
+void settle_if_empty(TensorView<T>& v) {
+  static std::remove_const_t<T> nothing{};
+  if (element_count(v) != 0) return;
+  v.stride_batch = v.stride_head = v.stride_seq = 0;
+  if (v.data == nullptr) v.data = &nothing;
+}
+/// Writes 0 to every element of a view (none when it is null or empty).
+template <class T>
+void fill_zero(const TensorView<T>& v) {
+  if (v.data == nullptr || element_count(v) == 0) return;
+  for (index_t b = 0; b < v.batch; ++b)
+    for (index_t h = 0; h < v.heads; ++h)
+      for (index_t s = 0; s < v.seq; ++s)
+        for (index_t d = 0; d < v.dim; ++d) v.row(b, h, s)[d] = T(0);
+}
+template <class T>
+ForwardArgs<T> settled(ForwardArgs<T> a) {
+  settle_if_empty(a.query), settle_if_empty(a.key), settle_if_empty(a.value), settle_if_empty(a.out);
+  return a;
+}
+template <class T>
+BackwardArgs<T> settled(BackwardArgs<T> a) {
+  settle_if_empty(a.query), settle_if_empty(a.key), settle_if_empty(a.value), settle_if_empty(a.out);
+  settle_if_empty(a.grad_out);
+  for (TensorView<T>* g : {&a.grad_query, &a.grad_key, &a.grad_value})
+    if (g->data != nullptr) settle_if_empty(*g);
+  return a;
+}
+
+}  // namespace detail
 
 }  // namespace continuum

@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../../attention/validate.hpp"
@@ -17,11 +19,21 @@ namespace cuda_detail {
 /// The largest head dimension the kernels accept (the tiles live in shared memory).
 inline constexpr index_t max_head_dim = 256;
 
-/// The checks of validate.hpp that need no device memory: shapes, strides,
-/// aliasing (pointer arithmetic only), kernel, scale, a scalar temperature,
-/// window, ranges given both-or-neither. Also head_dim, value dim ≤ 256. The
-/// values of the device arrays (per-head / per-query temperature, explicit
-/// ranges) are checked on the device: device_array_check_body below.
+/// validate.hpp's checks, with the kernels' properties: c = scale / τ is
+/// formed in the accumulator type, and the values of the device arrays
+/// (per-head / per-query temperature, explicit ranges) are checked on the
+/// device (device_array_check_body below); their sizes and aliasing are
+/// checked here, from the pointers alone. Also head_dim, value dim <= 256 and
+/// no probs / cell_mass.
+template <class T>
+ValidateOptions device_options(const char* fn) {
+  ValidateOptions opt;
+  opt.fn = fn;
+  opt.host_arrays = false;
+  opt.fold_in_float = std::is_same<accum_t<T>, float>::value;
+  return opt;
+}
+
 inline void check_cuda_limits(const char* fn, const AttentionShape& s) {
   if (s.dim > max_head_dim || s.dim_v > max_head_dim)
     detail::fail(fn, "head_dim and value dim must be <= " + std::to_string(max_head_dim) +
@@ -30,78 +42,20 @@ inline void check_cuda_limits(const char* fn, const AttentionShape& s) {
 }
 
 template <class T>
-void check_device_temperature(const char* fn, const Temperature<T>& t, const AttentionShape& s,
-                              double scale) {
-  if (t.shape == TemperatureShape::scalar) {
-    detail::check_temperature(fn, t, s, scale);
-    // validate.hpp checks scale/τ in double; the kernels form c = scale/τ in T.
-    if (!std::isfinite(static_cast<double>(T(scale) / t.value)))
-      detail::fail(fn, "temperature: too small, scale / temperature = " + detail::num(scale) + " / " +
-                           detail::num(static_cast<double>(t.value)) + " overflows the accumulator type");
-  } else if (t.data == nullptr && s.batch * s.heads_q * s.len_q > 0) {
-    detail::fail(fn, "temperature: per_head / per_query need data (a device array), got null");
-  }
-}
-
-inline void check_device_visibility(const char* fn, const Visibility& v) {
-  if ((v.range_lo == nullptr) != (v.range_hi == nullptr))
-    detail::fail(fn, "visibility.range_lo / range_hi: give both or neither");
-}
-
-template <class T>
 AttentionShape validate_forward_device(const ForwardArgs<T>& a, double* scale_out) {
   const char* fn = "attention_forward(cuda)";
-  const AttentionShape s = detail::resolve_shape<T>(fn, a.query, a.key, a.value);
-  detail::check_view(fn, "out", a.out, s.batch, s.heads_q, s.len_q, s.dim_v, "[B, Hq, Lq, Dv]", true);
-  const index_t rows = s.batch * s.heads_q * s.len_q;
-  const detail::Span in[] = {detail::span_of(a.query), detail::span_of(a.key), detail::span_of(a.value)};
-  const detail::Span outs[] = {detail::span_of(a.out), detail::span_of(a.lse, rows)};
-  for (const auto& o : outs)
-    for (const auto& i : in)
-      if (detail::overlap(o, i)) detail::fail(fn, "out / lse: aliases an input (query/key/value)");
-  if (detail::overlap(outs[0], outs[1])) detail::fail(fn, "lse: aliases out");
   if (a.probs != nullptr || a.cell_mass != nullptr)
     detail::fail(fn, "probs / cell_mass: inspection outputs are CPU-only, pass null");
-  if (a.kernel != Kernel::continuum && a.kernel != Kernel::softmax && a.kernel != Kernel::focal)
-    detail::fail(fn, "kernel: unknown value");
+  const AttentionShape s = validate_forward(a, scale_out, device_options<T>(fn));
   check_cuda_limits(fn, s);
-  const double scale = detail::check_scale(fn, a.scale, s.dim);
-  check_device_temperature(fn, a.temperature, s, scale);
-  check_device_visibility(fn, a.visibility);
-  *scale_out = scale;
   return s;
 }
 
 template <class T>
 AttentionShape validate_backward_device(const BackwardArgs<T>& a, double* scale_out) {
   const char* fn = "attention_backward(cuda)";
-  const AttentionShape s = detail::resolve_shape<T>(fn, a.query, a.key, a.value);
-  detail::check_view(fn, "out", a.out, s.batch, s.heads_q, s.len_q, s.dim_v, "[B, Hq, Lq, Dv]", false);
-  detail::check_view(fn, "grad_out", a.grad_out, s.batch, s.heads_q, s.len_q, s.dim_v, "[B, Hq, Lq, Dv]", false);
-  if (a.grad_query.data)
-    detail::check_view(fn, "grad_query", a.grad_query, s.batch, s.heads_q, s.len_q, s.dim, "[B, Hq, Lq, D]", true);
-  if (a.grad_key.data)
-    detail::check_view(fn, "grad_key", a.grad_key, s.batch, s.heads_kv, s.len_k, s.dim, "[B, Hk, Lk, D]", true);
-  if (a.grad_value.data)
-    detail::check_view(fn, "grad_value", a.grad_value, s.batch, s.heads_kv, s.len_k, s.dim_v, "[B, Hk, Lk, Dv]", true);
-  const index_t rows = s.batch * s.heads_q * s.len_q;
-  const detail::Span in[] = {detail::span_of(a.query), detail::span_of(a.key), detail::span_of(a.value),
-                             detail::span_of(a.out), detail::span_of(a.grad_out), detail::span_of(a.lse, rows)};
-  const detail::Span outs[] = {detail::span_of(a.grad_query), detail::span_of(a.grad_key),
-                               detail::span_of(a.grad_value)};
-  for (int o = 0; o < 3; ++o) {
-    for (const auto& i : in)
-      if (detail::overlap(outs[o], i)) detail::fail(fn, "grad_query/grad_key/grad_value: aliases an input");
-    for (int q = 0; q < o; ++q)
-      if (detail::overlap(outs[o], outs[q])) detail::fail(fn, "gradient outputs alias each other");
-  }
-  if (a.kernel != Kernel::continuum && a.kernel != Kernel::softmax && a.kernel != Kernel::focal)
-    detail::fail(fn, "kernel: unknown value");
+  const AttentionShape s = validate_backward(a, scale_out, device_options<T>(fn));
   check_cuda_limits(fn, s);
-  const double scale = detail::check_scale(fn, a.scale, s.dim);
-  check_device_temperature(fn, a.temperature, s, scale);
-  check_device_visibility(fn, a.visibility);
-  *scale_out = scale;
   return s;
 }
 
@@ -115,7 +69,8 @@ struct DeviceArrays {
   const index_t* range_hi = nullptr;
   index_t n_range = 0;
   index_t Lk = 0;
-  A scale = A(1);
+  double scale = 1;      ///< the softmax scale
+  double max_c = 0;      ///< the largest c = scale / τ allowed: A's largest value
   index_t count() const { return n_tau > n_range ? n_tau : n_range; }
 };
 
@@ -124,7 +79,7 @@ DeviceArrays<A> device_arrays(const Args& a, const AttentionShape& s, double sca
   DeviceArrays<A> d;
   if (a.temperature.shape != TemperatureShape::scalar && a.temperature.data != nullptr) {
     d.tau = a.temperature.data;
-    d.n_tau = a.temperature.shape == TemperatureShape::per_head ? s.heads_q : s.batch * s.heads_q * s.len_q;
+    d.n_tau = detail::temperature_count(a.temperature, s);
   }
   if (a.visibility.range_lo != nullptr) {
     d.range_lo = a.visibility.range_lo;
@@ -132,13 +87,15 @@ DeviceArrays<A> device_arrays(const Args& a, const AttentionShape& s, double sca
     d.n_range = s.batch * s.len_q;
   }
   d.Lk = s.len_k;
-  d.scale = A(scale);
+  d.scale = scale;
+  d.max_c = static_cast<double>(std::numeric_limits<A>::max());
   return d;
 }
 
 /// Device side of the value checks, with validate.hpp's conditions: τ finite
-/// and > 0 with scale/τ finite (here in the accumulator type A, in which the
-/// kernels form c = scale/τ), and 0 <= lo <= hi <= Lk. Grid-stride over both
+/// and > 0 with scale/τ (in double) at most A's largest value (check_temperature
+/// with fold_in_float for A = float: the kernels form c = scale/τ in A), and
+/// 0 <= lo <= hi <= Lk. Grid-stride over both
 /// arrays; block x writes flags[2x] = 1 if it saw a bad τ and flags[2x + 1] = 1
 /// for a bad range (0 otherwise): thread 0 ORs the block's values in a fixed
 /// order, no atomics. Shared memory: 2·block_threads() ints.
@@ -150,7 +107,7 @@ CONTINUUM_DEVICE void device_array_check_body(const DeviceArrays<A>& d, int* fla
   const index_t stride = grid_blocks() * nt;
   for (index_t x = block_id() * nt + tid; x < d.n_tau; x += stride) {
     const A tau = d.tau[x];
-    bad_tau |= !(tau > A(0)) || !math::isfinite(tau) || !math::isfinite(d.scale / tau);
+    bad_tau |= !(tau > A(0)) || !math::isfinite(tau) || !(d.scale / static_cast<double>(tau) <= d.max_c);
   }
   for (index_t x = block_id() * nt + tid; x < d.n_range; x += stride) {
     const index_t lo = d.range_lo[x], hi = d.range_hi[x];
@@ -196,13 +153,7 @@ void report_device_arrays(const char* fn, const std::vector<int>& flags, const T
     fetch(host.data(), d.tau, sizeof(A) * host.size());
     Temperature<A> th = t;
     th.data = host.data();
-    detail::check_temperature(fn, th, s, scale);
-    // validate.hpp checks scale/τ in double; the kernels form it in A.
-    for (std::size_t x = 0; x < host.size(); ++x)
-      if (!std::isfinite(static_cast<double>(A(scale) / host[x])))
-        detail::fail(fn, "temperature[" + std::to_string(x) + "] (flat index): too small, scale / temperature = " +
-                             detail::num(scale) + " / " + detail::num(static_cast<double>(host[x])) +
-                             " overflows the accumulator type");
+    detail::check_temperature(fn, th, s, scale, std::is_same<A, float>::value);
   }
   if (bad_range) {
     std::vector<index_t> lo(static_cast<std::size_t>(d.n_range)), hi(lo.size());
