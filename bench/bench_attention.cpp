@@ -272,7 +272,7 @@ void BM_attention(benchmark::State& st, continuum::Kernel kernel, Vis vis, bool 
   fa.out = p.view(p.o);
   fa.lse = p.lse.data();
   fa.kernel = kernel;
-  // focal at the operator level is softmax at a fixed temperature t < 1 (SPEC §8);
+  // focal at the operator level is softmax at a fixed temperature t < 1 (MATH.md §8);
   // 0.4 is the focal paper's best. The paper runs every method at τ = 0.3; the
   // cost does not depend on τ, so the other kernels keep τ = 1.
   if (kernel == continuum::Kernel::focal) fa.temperature.value = T(0.4);

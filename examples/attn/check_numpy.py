@@ -7,12 +7,12 @@ Developer tool (needs NumPy; the CTest suite does not use it):
                    --causal --temperature 0.3 --out OUT
     python3 examples/attn/check_numpy.py IN OUT --causal --temperature 0.3
 
-Evaluates SPEC §4 in float64, by default as Gauss-Legendre quadrature of the
+Evaluates MATH.md §4 in float64, by default as Gauss-Legendre quadrature of the
 piecewise-linear curve (32 nodes per segment), or with --method stencil from
 the textbook closed forms (np.expm1); those lose digits when neighbouring
-scores are nearly equal (SPEC §5), which is why the library does not use them
+scores are nearly equal (MATH.md §5), which is why the library does not use them
 as they stand. Also
-dV = P^T dO (SPEC §6) when IN/do.npy and OUT/dv.npy exist, and prints the
+dV = P^T dO (MATH.md §6) when IN/do.npy and OUT/dv.npy exist, and prints the
 largest absolute differences. Supports 2-D and 4-D inputs, GQA, causal
 (bottom-right) and window; a scalar or per-head/per-query .npy temperature;
 not explicit ranges. Exits 1 if any difference exceeds --tol.
@@ -49,7 +49,7 @@ def mu1(a):  # ∫ u e^{au} du
     return np.where(a == 0, 0.5, (a * np.exp(a) - np.expm1(a)) / np.where(a == 0, 1, a * a))
 
 
-def w(x, y):  # segment weight toward the knot with score x (SPEC §5)
+def w(x, y):  # segment weight toward the knot with score x (MATH.md §5)
     m = np.maximum(x, y)
     a = -np.abs(x - y)
     return np.exp(m) * np.where(x >= y, nu(a), mu1(a))

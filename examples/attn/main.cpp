@@ -6,7 +6,7 @@
 // Inputs: float32 or float64, 2-D [seq, dim] or 4-D [batch, heads, seq, dim]
 // (q [B, Hq, Lq, D], k [B, Hk, Lk, D], v [B, Hk, Lk, Dv], do [B, Hq, Lq, Dv];
 // Hq a multiple of Hk). Writes o.npy [.., Lq, Dv] and lse.npy [.., Lq]
-// (natural log of the normaliser Z, SPEC §4–5; -inf for an empty row) and,
+// (natural log of the normaliser Z, MATH.md §4–5; -inf for an empty row) and,
 // with --do, dq.npy, dk.npy, dv.npy (the shapes of q, k, v) and dtemp.npy
 // (the shape of the temperature: () for a scalar, [Hq], or [B, Hq, Lq]).
 // Outputs are written in the compute dtype (the inputs' dtype unless --dtype)
@@ -113,7 +113,7 @@ struct Problem {
   std::vector<std::size_t> tau_out_shape;  // the shape dtemp.npy gets
   std::optional<double> scale;
   bool causal = false;
-  index_t window_left = -1, window_right = -1;  // SPEC §3; negative = unlimited
+  index_t window_left = -1, window_right = -1;  // MATH.md §3; negative = unlimited
   bool has_ranges = false;
   std::vector<index_t> lo, hi;
   DType compute = DType::f64, out = DType::f64;
@@ -453,7 +453,7 @@ int main(int argc, char** argv) {
   std::uint64_t seed = 1;
 
   CLI::App app{
-      "continuum-attn: continuum / softmax / focal attention on .npy files (SPEC §4-§6).\n"
+      "continuum-attn: continuum / softmax / focal attention on .npy files (MATH.md §4-§6).\n"
       "Writes o.npy and lse.npy, and with --do also dq.npy, dk.npy, dv.npy, dtemp.npy.\n"
       "Any error: one line naming the file, exit status 1 (2 for a bad option value),\n"
       "and no output file written."};
@@ -469,7 +469,7 @@ int main(int argc, char** argv) {
                  "tau > 0: a number, or a .npy with one value, [heads] or [batch, heads, seq_q]");
   auto* scale = app.add_option("--scale", o.scale, "softmax scale; scores are scale/tau * q.k")
                     ->default_str("1/sqrt(head_dim)");
-  app.add_flag("--causal", o.causal, "causal, bottom-right aligned (SPEC §3)");
+  app.add_flag("--causal", o.causal, "causal, bottom-right aligned (MATH.md §3)");
   auto* window = app.add_option("--window", o.window,
                                 "W keys counting the diagonal and none after it: (W - 1, 0); 0 = no window");
   auto* left = app.add_option("--window-left", o.window_left,

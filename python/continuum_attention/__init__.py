@@ -2,7 +2,7 @@
 
 ``continuum_attention.attention(query, key, value, ...)`` computes Continuum
 Attention, or the softmax / focal baselines through the same operator, with the
-header-only C++ library of this repository (SPEC.md §3-§8) as its CPU kernel
+header-only C++ library of this repository (docs/MATH.md §3-§8) as its CPU kernel
 and the library's analytic backward as its gradient. See ``attention`` for
 shapes, dtypes and errors, and the "PyTorch" section of the repository's
 README.md for installation and a usage example.

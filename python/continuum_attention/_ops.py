@@ -57,7 +57,7 @@ def _backward_fake(grad_out, query, key, value, out, lse, kernel, causal, window
 
 
 # --------------------------------------------------------------------------
-# Autograd: the C++ analytic backward (SPEC §6), not autograd through Python.
+# Autograd: the C++ analytic backward (MATH.md §6), not autograd through Python.
 # --------------------------------------------------------------------------
 def _setup_context(ctx, inputs, output):
     (query, key, value, kernel, causal, window_left, window_right, range_lo, range_hi,
@@ -141,11 +141,11 @@ def attention(
     """Continuum Attention, or softmax / focal attention, over [B, H, L, D] tensors.
 
     out_i = Σ_j P_ij v_j with P_ij = α_ij / Σ_j α_ij and scores
-    s_ij = scale / τ · q_i·k_j; α is the continuum stencil of SPEC §4
+    s_ij = scale / τ · q_i·k_j; α is the continuum stencil of MATH.md §4
     (``kernel="continuum"``) or exp(s_ij) (``"softmax"``; ``"focal"`` is softmax
-    with the given temperature, SPEC §8). Differentiable in query, key, value
+    with the given temperature, MATH.md §8). Differentiable in query, key, value
     and a tensor temperature; the gradient is the library's analytic backward
-    (SPEC §6), computed in C++.
+    (MATH.md §6), computed in C++.
 
     Args:
         query: [B, Hq, Lq, D].
@@ -156,7 +156,7 @@ def attention(
             without copies (BHSD, BSHD via ``.transpose(1, 2)``, slices of packed
             QKV). One device, one dtype: float32 or float64 on the CPU.
         kernel: "continuum" (default), "softmax" or "focal".
-        causal: bottom-right aligned causal mask (SPEC §3): query i sees keys
+        causal: bottom-right aligned causal mask (MATH.md §3): query i sees keys
             j ≤ i + Lk - Lq (PyTorch's ``causal_lower_right``; equal to
             ``is_causal=True`` of ``scaled_dot_product_attention`` when Lq == Lk).
         window: (left, right) sliding window around the diagonal key
@@ -198,7 +198,7 @@ def attention(
         backward itself has no gradient: no create_graph / double backward).
         Cost O(B·Hq·Lq·Lk·(D + Dv)); memory O(B·Hq·Lq) besides the output.
 
-    Source: the mathematics is SPEC.md §3-§8 (docs/MATH.md); the kernels are
+    Source: the mathematics is docs/MATH.md §3-§8; the kernels are
     the header-only library's continuum::attention_forward / attention_backward
     (include/continuum/attention/); usage in README.md, section "PyTorch".
     """

@@ -135,7 +135,7 @@ Options make_options(const Tensor& q, std::string_view kernel, bool causal, int6
   Options o;
   o.kernel = parse_kernel(kernel);
   o.vis.causal = causal;
-  o.vis.window_left = window_left;  // SPEC §3: negative = unlimited on that side
+  o.vis.window_left = window_left;  // MATH.md §3: negative = unlimited on that side
   o.vis.window_right = window_right;
   TORCH_CHECK_VALUE(range_lo.has_value() == range_hi.has_value(), kWho,
                     ": ranges: give both lo and hi ([B, Lq] integer tensors) or neither");

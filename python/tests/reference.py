@@ -1,10 +1,10 @@
-"""An independent float64 evaluation of SPEC §3-§4 in PyTorch, for the tests.
+"""An independent float64 evaluation of MATH.md §3-§4 in PyTorch, for the tests.
 
 Not the library's closed form: every segment of the piecewise-linear memory
 curve is integrated by Gauss-Legendre quadrature (32 nodes; the integrand
 exp of a linear function with |slope| ≤ ~10 here is resolved to ~1e-16
 relative), with the flat half-cells at the ends of each row's visible range
-(SPEC §2), and the visibility of SPEC §3 written out from its definition.
+(MATH.md §2), and the visibility of MATH.md §3 written out from its definition.
 Plain autograd through it gives reference gradients. This mirrors the NumPy
 quadrature of examples/attn/check_numpy.py, vectorised and with the
 (left, right) window.
@@ -16,7 +16,7 @@ _NODES, _WEIGHTS = np.polynomial.legendre.leggauss(32)
 
 
 def visibility_mask(B, Lq, Lk, causal=False, window=(-1, -1), ranges=None):
-    """bool [B, Lq, Lk]: key j visible to query i (SPEC §3)."""
+    """bool [B, Lq, Lk]: key j visible to query i (MATH.md §3)."""
     i = torch.arange(Lq).view(Lq, 1)
     j = torch.arange(Lk).view(1, Lk)
     diag = i + (Lk - Lq)

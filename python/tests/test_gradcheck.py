@@ -1,5 +1,5 @@
 """torch.autograd.gradcheck (float64 central differences against the analytic
-C++ backward, SPEC §6) for q, k, v and every temperature shape, with causal,
+C++ backward, MATH.md §6) for q, k, v and every temperature shape, with causal,
 window, ranges and GQA. gradcheck's defaults (eps 1e-6, atol 1e-5, rtol 1e-3)
 are loose compared with the library (~1e-9 agreement with finite differences),
 so test_reference.py checks the same gradients to 1e-12 as well."""

@@ -1,5 +1,5 @@
 """kernel="continuum" against an independent float64 quadrature of the memory
-curve (reference.py, SPEC §4), forward and gradients, to 1e-12.
+curve (reference.py, MATH.md §4), forward and gradients, to 1e-12.
 
 Why 1e-12: the library is within ~1e-15 relative of a 256-bit reference
 (README "Accuracy"), the quadrature within ~1e-16 per segment; values and

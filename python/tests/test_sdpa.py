@@ -4,7 +4,7 @@ both are exact up to rounding) and to 1e-6 in float32 (SDPA computes in float,
 ~1e-7 here; ours computes in double and rounds once).
 
 Our causal is bottom-right aligned; SDPA's is_causal is top-left, so Lq != Lk
-and windows use an explicit boolean mask built from SPEC §3."""
+and windows use an explicit boolean mask built from MATH.md §3."""
 import pytest
 import torch
 import torch.nn.functional as F

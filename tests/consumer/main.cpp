@@ -14,9 +14,9 @@ int main() {  // causal continuum attention, batch 1, 2 heads, 6 tokens, head_di
   args.value = View::bhsd(v.data(), B, H, L, D);
   args.out = continuum::TensorView<double>::bhsd(o.data(), B, H, L, D);
   args.lse = lse.data();                           // log Z per query, for the backward
-  args.temperature.value = 0.3;                    // tau > 0 (SPEC §1)
-  args.visibility.causal = true;                   // bottom-right aligned (SPEC §3)
+  args.temperature.value = 0.3;                    // tau > 0 (MATH.md §1)
+  args.visibility.causal = true;                   // bottom-right aligned (MATH.md §3)
   continuum::attention_forward(continuum::cpu, args);
   std::printf("o[0,0,5,:] = %.6f %.6f %.6f %.6f  lse = %.6f\n", o[20], o[21], o[22], o[23], lse[5]);
-  return o[0] == v[0] && o[3] == v[3] ? 0 : 1;     // row 0 sees one key: o = v (SPEC §7.1)
+  return o[0] == v[0] && o[3] == v[3] ? 0 : 1;     // row 0 sees one key: o = v (MATH.md §7.1)
 }

@@ -1,6 +1,6 @@
 // tests/cuda/cases.hpp — operator cases shared by the CUDA test (GPU) and the
 // kernel-emulation test (host), a straightforward O(Lq·Lk) double reference
-// written from SPEC §4 and §6 (the per-element stencil from math/density.hpp),
+// written from MATH.md §4 and §6 (the per-element stencil from math/density.hpp),
 // and the comparisons with their tolerances.
 //
 // Tolerances (tests/cuda/runner.hpp applies them elementwise):
@@ -10,7 +10,7 @@
 //    1e-5 term is the bound for well-conditioned inputs; the naive term
 //    admits what fp32 itself cannot resolve (e.g. τ = 1e-3, W12, where scores of
 //    size 1e4 carry absolute errors ~1e-3 in any fp32 code). naive32 forms
-//    Dl_i = dO_i·o_i from the kernel's o as SPEC §6 writes it; the kernels
+//    Dl_i = dO_i·o_i from the kernel's o as MATH.md §6 writes it; the kernels
 //    (and the CPU backend) form Dl from P and dP relative to the row's
 //    reference key instead, which does not cancel where P is concentrated, so
 //    at small τ this bound is loose: test_cuda_emulated's W12 test holds the
@@ -50,7 +50,7 @@ struct Case {
   index_t B = 1, Hq = 1, Hk = 1, Lq = 8, Lk = 8, D = 8, Dv = 8;
   Kernel kernel = Kernel::continuum;
   bool causal = false;
-  index_t window_left = -1, window_right = -1;  // SPEC §3; negative = unlimited
+  index_t window_left = -1, window_right = -1;  // MATH.md §3; negative = unlimited
   std::vector<index_t> range_lo, range_hi;  // [B, Lq] each, or empty
   TemperatureShape tshape = TemperatureShape::scalar;
   double tau = 1.0;
@@ -149,7 +149,7 @@ struct Outputs {
 };
 
 /// The reference: forward (o, lse) from q, k, v; backward from q, k, v, dO and
-/// `o_for_delta` (the o whose D_i = dO_i·o_i this backward uses, SPEC §6 as
+/// `o_for_delta` (the o whose D_i = dO_i·o_i this backward uses, MATH.md §6 as
 /// written; pass the kernel's own o so that the naive fp32 run sees it).
 template <class Stencil, class R>
 Outputs reference_with(const Case& c, const Inputs& in, const Tensor* o_for_delta) {
@@ -201,7 +201,7 @@ Outputs reference_with(const Case& c, const Inputs& in, const Tensor* o_for_delt
           for (index_t j = lo; j < hi; ++j) acc += alpha[j] * R(in.v.at(b, hk, j, d));
           r.o.at(b, h, i, d) = double(acc / z);
         }
-        // Backward (SPEC §6): dα_j = (dP_j - D)/Z, then the tridiagonal dS.
+        // Backward (MATH.md §6): dα_j = (dP_j - D)/Z, then the tridiagonal dS.
         const Tensor& ob = o_for_delta ? *o_for_delta : r.o;
         R delta = 0;
         for (index_t d = 0; d < c.Dv; ++d) delta += R(in.dout.at(b, h, i, d)) * R(ob.at(b, h, i, d));

@@ -263,7 +263,7 @@ Result run_case(const Case& c, Exec& ex, double tol, double storage_tiny = 0) {
 }
 
 /// The case list both the GPU and the emulation run (names say what they cover;
-/// W-ids are ../shared/bugs/CASES.md).
+/// W-ids are MATH.md appendix A).
 inline std::vector<Case> standard_cases() {
   std::vector<Case> cs;
   auto add = [&](Case c) { cs.push_back(c); };

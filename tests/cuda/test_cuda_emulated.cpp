@@ -249,7 +249,7 @@ TEST_CASE("emulated CUDA kernels with the GPU's own tile sizes (64x64 and 32x32,
 
 namespace {
 
-/// Bug case W12 (../shared/bugs/CASES.md) as tests/operator/test_bug_cases.cpp
+/// Bug case W12 (MATH.md appendix A) as tests/operator/test_bug_cases.cpp
 /// poses it: Lq = 1, Lk = 5, D = Dv = 2, scale 1, scores at τ = 1 of
 /// s¹ = (3, -2, 10, 6, -8) (maximum inside the row, gaps ≥ 1), v_j = (j+1, -j),
 /// dO = (1, 0.5). As τ → 0, o → v_2 with neighbour weights O(τ), dτ → 1/12 and
@@ -342,7 +342,7 @@ TEST_CASE("emulated CUDA backward, fp32, W12 tiny temperature: gradients match t
   // ε_s ≤ 4ε (c, c·q, the two products, one sum; D = 2) ≤ 16·√D·ε, so the
   // forward bound is 16·√2·ε·(1 + 10) ≈ 3e-5 relative, and the backward gets
   // 64 × that (a few more roundings of the same sensitivity): 1.9e-3 of each
-  // gradient's max-abs. Forming Dl_i = dO_i·o_i from the rounded o (SPEC §6
+  // gradient's max-abs. Forming Dl_i = dO_i·o_i from the rounded o (MATH.md §6
   // literally) cannot meet it: dP_ij − Dl_i cancels to O(τ) at the maximal
   // key, so dS carries an absolute error ~ε·|dO||v| against dS ~ τ².
   const double eps = std::numeric_limits<float>::epsilon();
@@ -361,7 +361,7 @@ TEST_CASE("emulated CUDA backward, fp32, W12 tiny temperature: gradients match t
     // fp32 range limit (documented in docs/CUDA.md): the neighbour weights are
     // ~1/δ² with δ = gap/τ = 4/τ here; below τ ≈ 1e-19 they fall under
     // FLT_MIN and the row's dQ, dK, dτ flush to 0. Past it only finiteness
-    // (CASES.md W12) and the errors' bound 1 (nothing larger than the truth).
+    // (MATH.md appendix A W12) and the errors' bound 1 (nothing larger than the truth).
     if (tau < 1e-19) {
       CHECK(e.dq <= 1);
       CHECK(e.dk <= 1);

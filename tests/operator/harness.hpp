@@ -488,7 +488,7 @@ BackwardCheck check_backward(Case<T>& c, const std::string& label) {
   return r;
 }
 
-/// Sets up a case's visibility from a small code (SPEC §3): 0 full, 1 causal,
+/// Sets up a case's visibility from a small code (MATH.md §3): 0 full, 1 causal,
 /// 2/3/4 causal with a window of 1/2/5 keys (left = 0/1/4), 5 non-causal
 /// symmetric window (1, 1), 6 non-causal look-ahead window (0, 2).
 inline continuum::Visibility visibility_code(int code) {

@@ -332,7 +332,7 @@ TEST_CASE("hostile input: zero sizes work (empty outputs, zero gradients) and ne
       c.dv.for_each([](double x) { CHECK(x == 0.0); });
     }
     // D = 0 with an explicit scale and null Q, K: every score is 0, so P is
-    // uniform and o the mean of the visible values (SPEC §7.2).
+    // uniform and o the mean of the visible values (MATH.md §7.2).
     Case<double> c;
     c.Lq = c.Lk = 3, c.D = 0, c.Dv = 2;
     c.scale = 1.0;

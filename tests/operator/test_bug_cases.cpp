@@ -1,4 +1,4 @@
-// The failing inputs of shared/bugs/CASES.md that apply to the CPU backend,
+// The failing inputs of MATH.md appendix A that apply to the CPU backend,
 // one test per case id (W01–W13). W09 and W10 run in a cheap form by default;
 // their full-size forms are tagged [.long] (hidden; run with `"[.long]"`).
 // W11's timing belongs to the benchmarks; here only correctness and the
@@ -212,7 +212,7 @@ TEMPLATE_TEST_CASE("W04 empty sequences", "[bug][W04]", float, double) {
 
 // ---------------------------------------------------------------------------
 TEMPLATE_TEST_CASE("W05 KV-cache decode equals the full causal forward", "[bug][W05]", float, double) {
-  // ≤ 1e-6 relative in float, ≤ 1e-13 in double (CASES.md), relative to the
+  // ≤ 1e-6 relative in float, ≤ 1e-13 in double (MATH.md appendix A), relative to the
   // row's max-abs; repeated runs bitwise identical.
   const index_t window = GENERATE(0, 4);
   const double tol = sizeof(TestType) == sizeof(float) ? 1e-6 : 1e-13;
@@ -770,7 +770,7 @@ TEMPLATE_TEST_CASE("W12 tiny temperature", "[bug][W12]", float, double) {
 
 TEMPLATE_TEST_CASE("W12 tiny temperature: gradients match the reference", "[bug][W12][gradient]", float,
                    double) {
-  // Beyond CASES.md's "finite gradients": the gradients must be right. The
+  // Beyond MATH.md appendix A's "finite gradients": the gradients must be right. The
   // bound is 64 × the W12 forward tolerance relative to each gradient's
   // max-abs (the backward adds a few roundings to the forward's, each with
   // the same ε·max|s¹|/min Δs¹ sensitivity). An implementation that forms

@@ -5,7 +5,7 @@
 // lse, dQ, dK, dV and the per-query dτ — for the tiled kernels
 // (float_arithmetic = true) and the default exact kernels, float and double.
 //
-// Which outputs depend on which inputs (SPEC §3, §6): row i (out_i, lse_i)
+// Which outputs depend on which inputs (MATH.md §3, §6): row i (out_i, lse_i)
 // reads q_i and the keys/values of its range [lo_i, hi_i); its gradients dQ_i,
 // dτ_i also read dO_i. dK_j, dV_j read k_j, v_j and everything the rows that see
 // key j read. An output is "clean" when none of that holds garbage.

@@ -1,4 +1,4 @@
-// Operator backward (CPU, SPEC §6) against the 256-bit reference and against
+// Operator backward (CPU, MATH.md §6) against the 256-bit reference and against
 // central finite differences of the operator's own forward, for the loss
 // L = Σ dO∘O with a random dO. Temperature scalar / per head / per query, GQA,
 // BSHD strided views, Dv ≠ D.

@@ -1,5 +1,5 @@
 // Operator forward (CPU) against the 256-bit reference fed the same rounded
-// inputs (SPEC §3–§5): random and adversarial inputs, float and double.
+// inputs (MATH.md §3–§5): random and adversarial inputs, float and double.
 // Tolerances: harness.hpp forward_tolerance (derivation there).
 #include <catch2/catch.hpp>
 
@@ -147,7 +147,7 @@ TEMPLATE_TEST_CASE("forward: empty rows, Lk = 1 and Lq != Lk both ways", "[opera
   auto rng = rng_for(11);
   c.fill_uniform(rng);
   check_forward<mp>(c, "empty/Lk=1/Lq!=Lk");
-  // empty rows: output exactly 0, lse = -inf (SPEC §3)
+  // empty rows: output exactly 0, lse = -inf (MATH.md §3)
   const auto p = c.template problem<long double>();
   for (index_t b = 0; b < c.B; ++b)
     for (index_t i = 0; i < c.Lq; ++i) {

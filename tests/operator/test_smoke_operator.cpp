@@ -1,5 +1,5 @@
 // Smoke tests of the CPU operator against a naive, materialising double
-// implementation written here (same SPEC §4 formulas, no tiling, no online
+// implementation written here (same MATH.md §4 formulas, no tiling, no online
 // maximum), central finite differences for the backward, empty rows, thread
 // counts and the KV-cache decode identity. The thorough multiprecision
 // reference tests live in tests/operator/ and tests/property/ (ref).
@@ -409,7 +409,7 @@ TEST_CASE("extreme magnitudes: W12 tiny temperature, W13 huge q/k", "[operator][
     for (double x : rd.out) CHECK(std::isfinite(x));
     for (double x : rd.dq) CHECK(std::isfinite(x));
     for (double x : rd.dtau) CHECK(std::isfinite(x));
-    // τ → 0: the output tends to the value of the argmax key (SPEC §7.6).
+    // τ → 0: the output tends to the value of the argmax key (MATH.md §7.6).
     if (tau <= 1e-30) {
       for (index_t i = 0; i < p.Lq; ++i) {
         index_t best = 0;

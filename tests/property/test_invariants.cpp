@@ -1,4 +1,4 @@
-// The invariants of SPEC §7 as property tests of the CPU operator (and, where
+// The invariants of MATH.md §7 as property tests of the CPU operator (and, where
 // the invariant is about the definition, of the reference). Random inputs via
 // GENERATE(take(N, random(a, b))) with Catch's fixed default seed, plus our own
 // seeded generators for the tensors.
@@ -15,7 +15,7 @@ using continuum::index_t;
 using continuum::TemperatureShape;
 
 // §7.1 -----------------------------------------------------------------------
-TEMPLATE_TEST_CASE("SPEC 7.1 one visible key gives o = v exactly", "[property][7.1]", float, double) {
+TEMPLATE_TEST_CASE("MATH.md §7.1 one visible key gives o = v exactly", "[property][7.1]", float, double) {
   const double amp = GENERATE(take(12, random(0.01, 30.0)));
   const index_t L = GENERATE(1, 6);
   Case<TestType> c;
@@ -36,7 +36,7 @@ TEMPLATE_TEST_CASE("SPEC 7.1 one visible key gives o = v exactly", "[property][7
 }
 
 // §7.2 -----------------------------------------------------------------------
-TEMPLATE_TEST_CASE("SPEC 7.2 equal scores give P = 1/(hi - lo), as softmax", "[property][7.2]", float,
+TEMPLATE_TEST_CASE("MATH.md §7.2 equal scores give P = 1/(hi - lo), as softmax", "[property][7.2]", float,
                    double) {
   const int n = GENERATE(take(10, random(1, 40)));
   const int vis = GENERATE(0, 1, 4);
@@ -64,7 +64,7 @@ TEMPLATE_TEST_CASE("SPEC 7.2 equal scores give P = 1/(hi - lo), as softmax", "[p
 }
 
 // §7.3 -----------------------------------------------------------------------
-TEMPLATE_TEST_CASE("SPEC 7.3 adding a constant to a row's scores changes nothing", "[property][7.3]", float,
+TEMPLATE_TEST_CASE("MATH.md §7.3 adding a constant to a row's scores changes nothing", "[property][7.3]", float,
                    double) {
   // An extra dimension with k_extra = 1 and q_extra = C / scale adds C to every
   // score of the row. o must not move beyond forward_tolerance(|C| + max|s|);
@@ -104,7 +104,7 @@ TEMPLATE_TEST_CASE("SPEC 7.3 adding a constant to a row's scores changes nothing
           tol * (1 + std::fabs(C)));
 }
 
-TEST_CASE("SPEC 7.3 sum_j dS_ij = 0: reference rows, and the operator's sum_j dK_j = 0", "[property][7.3]") {
+TEST_CASE("MATH.md §7.3 sum_j dS_ij = 0: reference rows, and the operator's sum_j dK_j = 0", "[property][7.3]") {
   use_mp_precision();
   const int seed = GENERATE(take(8, random(0, 1000000)));
   Case<double> c;
@@ -142,7 +142,7 @@ TEST_CASE("SPEC 7.3 sum_j dS_ij = 0: reference rows, and the operator's sum_j dK
 }
 
 // §7.4 -----------------------------------------------------------------------
-TEMPLATE_TEST_CASE("SPEC 7.4 P and pi are non-negative and rows sum to 1", "[property][7.4]", float, double) {
+TEMPLATE_TEST_CASE("MATH.md §7.4 P and pi are non-negative and rows sum to 1", "[property][7.4]", float, double) {
   const double amp = GENERATE(take(10, random(0.1, 6.0)));
   const int vis = GENERATE(0, 1, 3, 4, 5);
   Case<TestType> c;
@@ -175,7 +175,7 @@ TEMPLATE_TEST_CASE("SPEC 7.4 P and pi are non-negative and rows sum to 1", "[pro
 }
 
 // §7.5 -----------------------------------------------------------------------
-TEMPLATE_TEST_CASE("SPEC 7.5 reversing keys and window reverses P, order matters", "[property][7.5]", float,
+TEMPLATE_TEST_CASE("MATH.md §7.5 reversing keys and window reverses P, order matters", "[property][7.5]", float,
                    double) {
   const int seed = GENERATE(take(10, random(0, 1000000)));
   const index_t Lk = 8;
@@ -243,7 +243,7 @@ TEMPLATE_TEST_CASE("SPEC 7.5 reversing keys and window reverses P, order matters
 }
 
 // §7.6 -----------------------------------------------------------------------
-TEMPLATE_TEST_CASE("SPEC 7.6 tau -> 0: neighbour weight O(tau), at the predicted rate", "[property][7.6]",
+TEMPLATE_TEST_CASE("MATH.md §7.6 tau -> 0: neighbour weight O(tau), at the predicted rate", "[property][7.6]",
                    float, double) {
   // One row, scores at τ = 1: s¹ = (…, m - Δ_L, m, m - Δ_R, …) with the maximum
   // inside. As τ → 0, up to terms e^{-Δ/τ}:
@@ -286,7 +286,7 @@ TEMPLATE_TEST_CASE("SPEC 7.6 tau -> 0: neighbour weight O(tau), at the predicted
 }
 
 // §7.7 -----------------------------------------------------------------------
-TEST_CASE("SPEC 7.7 w(x,y) + w(y,x) = e^max mu0(-|x-y|) and dw/dx + dw/dy = w", "[property][7.7]") {
+TEST_CASE("MATH.md §7.7 w(x,y) + w(y,x) = e^max mu0(-|x-y|) and dw/dx + dw/dy = w", "[property][7.7]") {
   use_mp_precision();
   const double x = GENERATE(take(40, random(-30.0, 0.0)));
   const double dy = GENERATE(0.0, 1e-13, 1e-7, 1e-3, 0.5, 3.0, 40.0);
@@ -311,7 +311,7 @@ TEST_CASE("SPEC 7.7 w(x,y) + w(y,x) = e^max mu0(-|x-y|) and dw/dx + dw/dy = w", 
 }
 
 // §7.9 -----------------------------------------------------------------------
-TEMPLATE_TEST_CASE("SPEC 7.9 KV-cache decode rows equal the full causal forward", "[property][7.9]", float,
+TEMPLATE_TEST_CASE("MATH.md §7.9 KV-cache decode rows equal the full causal forward", "[property][7.9]", float,
                    double) {
   const int L = GENERATE(take(6, random(1, 48)));
   const int W = GENERATE(0, 1, 3);
@@ -343,7 +343,7 @@ TEMPLATE_TEST_CASE("SPEC 7.9 KV-cache decode rows equal the full causal forward"
 }
 
 // §7.10 ----------------------------------------------------------------------
-TEMPLATE_TEST_CASE("SPEC 7.10 thread counts 1, 2, 3 give bitwise identical results", "[property][7.10]", float,
+TEMPLATE_TEST_CASE("MATH.md §7.10 thread counts 1, 2, 3 give bitwise identical results", "[property][7.10]", float,
                    double) {
   const int vis = GENERATE(0, 1, 4);
   Case<TestType> c;
@@ -379,7 +379,7 @@ TEMPLATE_TEST_CASE("SPEC 7.10 thread counts 1, 2, 3 give bitwise identical resul
   }
 }
 
-TEST_CASE("SPEC 7.10 calling from inside the caller's own omp parallel region", "[property][7.10]") {
+TEST_CASE("MATH.md §7.10 calling from inside the caller's own omp parallel region", "[property][7.10]") {
   // Each thread of the caller's region runs its own problem; the results equal
   // the serial call's bitwise (no nested-parallelism deadlock or race).
   constexpr int n = 4;

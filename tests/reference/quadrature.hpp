@@ -1,5 +1,5 @@
 // tests/reference/quadrature.hpp — direct numerical integration of the memory
-// curve of SPEC §2/§4, independent of the closed forms (SPEC §7.8).
+// curve of MATH.md §2/§4, independent of the closed forms (MATH.md §7.8).
 //
 // For query i the score along the curve is s(t), piecewise linear between the
 // knots s_ij with flat half-token cells at both ends of [lo - 1/2, hi - 1/2].

@@ -1,7 +1,7 @@
 // The multiprecision reference (attention/reference.hpp) checked against
 // things that share none of its formulas: direct quadrature of the curve
-// (SPEC §7.8), finite differences of itself (SPEC §6), the visibility rules
-// written out by hand (SPEC §3), and its own long double instantiation.
+// (MATH.md §7.8), finite differences of itself (MATH.md §6), the visibility rules
+// written out by hand (MATH.md §3), and its own long double instantiation.
 #include <catch2/catch.hpp>
 #include <mpreal.h>
 
@@ -81,14 +81,14 @@ double max_error_vs_quadrature(const ref::Problem<mp>& p) {
 
 }  // namespace
 
-TEST_CASE("reference forward equals quadrature of the curve (SPEC 7.8)", "[reference][quadrature]") {
+TEST_CASE("reference forward equals quadrature of the curve (MATH.md §7.8)", "[reference][quadrature]") {
   precision();
-  // Quadrature error (SPEC 7.8 comment in quadrature.hpp) < 1e-40 for
+  // Quadrature error (MATH.md §7.8 comment in quadrature.hpp) < 1e-40 for
   // |Δs| ≤ 40; 256-bit rounding ~1e-75. Tolerance 1e-35 leaves room for both.
   const index_t Lk = GENERATE(1, 2, 3, 7);
   const double amp = GENERATE(0.5, 2.0, 4.0);  // |s| up to ≈ amp²·√D ≈ 28
   const bool causal = GENERATE(false, true);
-  // Windows (left, right) around the diagonal key (SPEC §3); -1 = unlimited.
+  // Windows (left, right) around the diagonal key (MATH.md §3); -1 = unlimited.
   const auto window = GENERATE(std::pair<index_t, index_t>{-1, -1}, std::pair<index_t, index_t>{0, 0},
                                std::pair<index_t, index_t>{1, 0}, std::pair<index_t, index_t>{4, 0},
                                std::pair<index_t, index_t>{1, 1}, std::pair<index_t, index_t>{0, 2});
@@ -170,7 +170,7 @@ TEST_CASE("reference backward equals central differences of the reference", "[re
   check(&ref::Problem<mp>::value, g.grad_value);
   check(&ref::Problem<mp>::temperature, g.grad_temperature);
   CHECK(worst < 1e-40);
-  // SPEC §7.3: Σ_j dS_ij = 0 in every row.
+  // MATH.md §7.3: Σ_j dS_ij = 0 in every row.
   for (index_t r = 0; r < 2 * 4; ++r) {
     mp sum = 0, mag = 0;
     for (index_t j = 0; j < 5; ++j) {
@@ -181,7 +181,7 @@ TEST_CASE("reference backward equals central differences of the reference", "[re
   }
 }
 
-TEST_CASE("reference visibility follows SPEC 3 written out by hand", "[reference][visibility]") {
+TEST_CASE("reference visibility follows MATH.md §3 written out by hand", "[reference][visibility]") {
   ref::Problem<double> p;
   auto ranges = [&](index_t Lq, index_t Lk) {
     p.len_q = Lq;
@@ -202,7 +202,7 @@ TEST_CASE("reference visibility follows SPEC 3 written out by hand", "[reference
   p.causal = false;
   p.window_left = -1;
   CHECK(ranges(2, 3) == V{{0, 3}, {0, 3}});
-  // Non-causal windows sit around the diagonal key d = i + Lk - Lq (SPEC §3).
+  // Non-causal windows sit around the diagonal key d = i + Lk - Lq (MATH.md §3).
   p.window_left = p.window_right = 1;  // symmetric: 2w + 1 keys
   CHECK(ranges(4, 4) == V{{0, 2}, {0, 3}, {1, 4}, {2, 4}});
   p.window_left = 1;

@@ -1,5 +1,5 @@
 // tests/unit/mp_reference.hpp — multiprecision (MPFR via mpreal) references for
-// the exponential moments of SPEC §5 and the ulp-error measure used by the
+// the exponential moments of MATH.md §5 and the ulp-error measure used by the
 // primitive tests. Not a test file itself (only *.cpp become executables).
 #pragma once
 
@@ -20,7 +20,7 @@ using mpfr::mpreal;
 /// ≥ 270 correct bits: far more than the ≥ 200 the tests need.
 inline constexpr int kPrec = 400;
 
-/// All six moments of SPEC §5 (plus μ2, ν2) at one argument a ≤ 0, exact input.
+/// All six moments of MATH.md §5 (plus μ2, ν2) at one argument a ≤ 0, exact input.
 struct Moments {
   mpreal mu0, mu1, mu2, nu, kappa, nu2;
 };
@@ -123,7 +123,7 @@ struct GaussLegendre {
   }
 };
 
-/// Exact segment quantities of SPEC §4–§5 at exact scores x, y (closed forms at
+/// Exact segment quantities of MATH.md §4–§5 at exact scores x, y (closed forms at
 /// kPrec bits via mp_moments): weight w(x,y), ∂w/∂x, ∂w/∂y, and the mass of the
 /// half next to x. -∞ scores give 0 (the curve's exp vanishes on the segment).
 struct Segment {

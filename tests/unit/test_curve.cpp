@@ -1,8 +1,8 @@
 // tests/unit/test_curve.cpp — the segment primitives of include/continuum/math/
-// curve.hpp (SPEC §2, §4, §5, §7.7) against MPFR: the 400-bit closed forms
+// curve.hpp (MATH.md §2, §4, §5, §7.7) against MPFR: the 400-bit closed forms
 // (themselves checked against Gauss–Legendre quadrature of the defining
-// integrals), the identities of SPEC §7.7, central finite differences, and the
-// -∞ / NaN conventions. Also measures SPEC §5's shift identity
+// integrals), the identities of MATH.md §7.7, central finite differences, and the
+// -∞ / NaN conventions. Also measures MATH.md §5's shift identity
 // ∂w/∂x = w - ∂w/∂y for the far weight, which the library does not use.
 #include <catch2/catch.hpp>
 
@@ -108,7 +108,7 @@ void check_sweep(const char* type, int n) {
 
 TEST_CASE("curve: MPFR closed forms equal Gauss-Legendre quadrature of the definitions",
           "[curve][reference]") {
-  // Guards the reference itself (SPEC §7.8): w = ∫(1-u)e^{(1-u)x+uy}, ∂w/∂x = ∫(1-u)²…,
+  // Guards the reference itself (MATH.md §7.8): w = ∫(1-u)e^{(1-u)x+uy}, ∂w/∂x = ∫(1-u)²…,
   // ∂w/∂y = ∫u(1-u)…, half mass = ∫_0^{1/2} e^{…}, for δ ≤ 30 where 48 nodes suffice.
   const mpref::GaussLegendre gl(48);
   const double pts[][2] = {{0, 0},    {-1, -1.5}, {-1.5, -1}, {0, -30},  {-30, 0},
@@ -162,7 +162,7 @@ TEMPLATE_TEST_CASE("curve: -inf scores give 0, NaN gives NaN", "[curve][special]
 
 TEMPLATE_TEST_CASE("curve: equal scores split e^s evenly", "[curve]", float, double) {
   using T = TestType;
-  // w(s, s) = e^s/2, ∂w/∂x = e^s/3, ∂w/∂y = e^s/6, half mass = e^s/2 (SPEC §5 at a = 0).
+  // w(s, s) = e^s/2, ∂w/∂x = e^s/3, ∂w/∂y = e^s/6, half mass = e^s/2 (MATH.md §5 at a = 0).
   for (double sd : {0.0, -0.5, -10.0, -100.0}) {
     const T s = T(sd);
     const double e = std::exp(double(s));
@@ -173,7 +173,7 @@ TEMPLATE_TEST_CASE("curve: equal scores split e^s evenly", "[curve]", float, dou
   }
 }
 
-TEST_CASE("curve: SPEC 7.7 identities in double", "[curve][identity]") {
+TEST_CASE("curve: MATH.md §7.7 identities in double", "[curve][identity]") {
   // w(x,y) + w(y,x) = e^x μ0(y-x) (the whole segment's mass), ∂w/∂x + ∂w/∂y = w, and
   // the two half masses add up to the segment mass. All terms are positive, so each
   // side keeps the relative error of its terms: ≤ 5 ulp each (budget above) → 10 ε.
@@ -211,7 +211,7 @@ TEST_CASE("curve: derivatives match central finite differences in double", "[cur
   }
 }
 
-TEST_CASE("curve: SPEC 5 shift identity dw/dx = w - dw/dy loses digits for the far weight",
+TEST_CASE("curve: MATH.md §5 shift identity dw/dx = w - dw/dy loses digits for the far weight",
           "[curve][spec]") {
   // The far case (x < y): w - ∂w/∂y = e^y (μ1 - κ)(-δ) = e^y μ2(-δ); both terms ~e^y/δ², the
   // result ~2e^y/δ³, so the subtraction costs ~log2(δ/2) bits. Printed for the report;
@@ -226,6 +226,6 @@ TEST_CASE("curve: SPEC 5 shift identity dw/dx = w - dw/dy loses digits for the f
     std::cout << "  δ = " << d << ": w - ∂w/∂y off by " << e_shift << " ulp, direct ∂w/∂x off by "
               << e_direct << " ulp\n";
     CHECK(e_direct <= kBudgetDouble[1]);
-    if (d >= 1e5) CHECK(e_shift > 1e3);  // confirms SPEC §5's form is unusable here
+    if (d >= 1e5) CHECK(e_shift > 1e3);  // confirms MATH.md §5's form is unusable here
   }
 }

@@ -1,7 +1,7 @@
 // tests/unit/test_density.cpp — the three-point stencil of include/continuum/math/
-// density.hpp (SPEC §4, §5, §6): ContinuumStencil's weight α_j, ∂α_j/∂s_j, the
+// density.hpp (MATH.md §4, §5, §6): ContinuumStencil's weight α_j, ∂α_j/∂s_j, the
 // coupling ∂α_j/∂s_{j±1} and the cell mass π_j against MPFR, finite differences,
-// equal scores = softmax (SPEC §7.2), Σπ = Σα = Z (SPEC §4–§5), and the softmax
+// equal scores = softmax (MATH.md §7.2), Σπ = Σα = Z (MATH.md §4–§5), and the softmax
 // policy.
 #include <catch2/catch.hpp>
 
@@ -29,7 +29,7 @@ namespace {
 
 mpreal mp(double v) { return mpreal(v, mpref::kPrec); }
 
-/// The exact α, ∂α/∂s, π of SPEC §4–§6 at exact scores; flat half-cells give e^s/2.
+/// The exact α, ∂α/∂s, π of MATH.md §4–§6 at exact scores; flat half-cells give e^s/2.
 struct Stencil {
   mpreal weight, weight_ds, cell_mass;
 };
@@ -121,7 +121,7 @@ TEST_CASE("density: ContinuumStencil max ulp error vs MPFR, float", "[density][u
   check_sweep<float>("float", 40000);
 }
 
-TEMPLATE_TEST_CASE("density: equal scores give alpha = e^s, as softmax (SPEC 7.2)", "[density]", float,
+TEMPLATE_TEST_CASE("density: equal scores give alpha = e^s, as softmax (MATH.md §7.2)", "[density]", float,
                    double) {
   using T = TestType;
   for (double sd : {0.0, -0.3, -5.0, -80.0}) {
@@ -212,7 +212,7 @@ TEST_CASE("density: weight_ds and coupling match central finite differences in d
   }
 }
 
-TEMPLATE_TEST_CASE("density: cell masses and weights of a row both sum to Z (SPEC 4-5)", "[density]",
+TEMPLATE_TEST_CASE("density: cell masses and weights of a row both sum to Z (MATH.md §4-5)", "[density]",
                    float, double) {
   // Σ_j π_j = Σ_j α_j = Z = ∫ e^{s(t)} dt over [lo - 1/2, hi - 1/2]: both integrate the same
   // density. Reference Z at 400 bits: Σ segments e^{max} μ0(-δ) + the two flat half-cells.

@@ -1,4 +1,4 @@
-// tests/unit/test_moments.cpp — accuracy of the exponential moments of SPEC §5
+// tests/unit/test_moments.cpp — accuracy of the exponential moments of MATH.md §5
 // (μ0, μ1, μ2, ν, κ, ν2 in include/continuum/math/moments.hpp) against MPFR.
 //
 // For float and double, ≥ 10^5 arguments a ≤ 0 per function (log-spaced over the
@@ -95,7 +95,7 @@ void check_sweep(const char* type) {
     for (int f = 0; f < kFuncs; ++f) {
       const double e = mpref::ulp_error(got[f], *ref[f]);
       if (!(e <= worst[f].ulp)) worst[f] = {e, a};
-      // SPEC §5: every moment lies in [0, 1] for a ≤ 0.
+      // MATH.md §5: every moment lies in [0, 1] for a ≤ 0.
       if (!(got[f] >= T(0) && got[f] <= T(1))) {
         FAIL_CHECK(kNames[f] << "(" << mpref::show(a) << ") = " << got[f] << " outside [0, 1]");
       }
@@ -173,7 +173,7 @@ TEMPLATE_TEST_CASE("moments: a > 0 just outside the domain stays finite", "[mome
   }
 }
 
-TEMPLATE_TEST_CASE("moments: mu0 for a > 0 is expm1(a)/a (SPEC 7.7 uses e^x mu0(y - x))",
+TEMPLATE_TEST_CASE("moments: mu0 for a > 0 is expm1(a)/a (MATH.md §7.7 uses e^x mu0(y - x))",
                    "[moments][ulp]", float, double) {
   using T = TestType;
   // Positive arguments up to where e^a/a overflows T; same 2 ulp bound as the sweep.

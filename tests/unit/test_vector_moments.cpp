@@ -1,5 +1,5 @@
 // Accuracy of backends/cpu/vector_moments.hpp (the branch-free moments and exp
-// used by the tiled CPU kernels) against the scalar primitives of math/ (SPEC
+// used by the tiled CPU kernels) against the scalar primitives of math/ (MATH.md
 // §5; themselves checked against MPFR in test_moments.cpp) and against expl.
 //
 // Each segment quantity is e^{max} times a moment of a = -b; the test feeds

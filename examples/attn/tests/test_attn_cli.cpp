@@ -3,10 +3,10 @@
 // The executable is run as a subprocess. Its inputs are written, and its
 // outputs read, by the small .npy codec below, which shares no code with the
 // tool (the tool uses xtensor's xnpy). The expected values come from an
-// independent long-double reference: SPEC §4 evaluated as the integral over
+// independent long-double reference: MATH.md §4 evaluated as the integral over
 // the piecewise-linear curve by composite Gauss–Legendre quadrature (not the
 // closed-form stencil the library uses), softmax by its definition, and the
-// gradients (SPEC §6) by central finite differences of L = Σ dO·O.
+// gradients (MATH.md §6) by central finite differences of L = Σ dO·O.
 //
 // Tolerances: the quadrature (4 panels × 16 nodes per segment, |Δs| ≤ 12
 // here) is exact to ~1e-18; central differences with h = 1e-5 in long double
@@ -168,7 +168,7 @@ struct Case {
   std::vector<ld> tau{1};  // 1, Hq or B*Hq*Lq values
   ld scale = 0;            // 0: 1/sqrt(D)
   bool causal = false;
-  long window_left = -1, window_right = -1;  // SPEC §3, around the diagonal; negative = unlimited
+  long window_left = -1, window_right = -1;  // MATH.md §3, around the diagonal; negative = unlimited
   std::vector<long> lo, hi;                  // [B, Lq] or empty
 };
 
@@ -394,7 +394,7 @@ TEST_CASE("make-example inputs round trip: continuum, causal, tau 0.3, float64",
 TEST_CASE("float32 inputs, GQA, per-head temperature file, sliding window", "[cli]") {
   const bool softmax = GENERATE(false, true);
   // 0: --causal --window 3, i.e. (2, 0); 1: a non-causal window (1, 2)
-  // around the diagonal key (SPEC §3).
+  // around the diagonal key (MATH.md §3).
   const int window = GENERATE(0, 1);
   const fs::path dir = scratch(std::string(softmax ? "gqa-softmax" : "gqa-continuum") + std::to_string(window));
   std::mt19937_64 rng(11);

@@ -1,6 +1,6 @@
 // config.hpp — the experiment's configuration: model shape, attention kernel,
 // temperature, optimiser and budget, with the named presets `paper`, `cpu`,
-// `smoke` and `demo` (SPEC §9). Every field can be overridden from the CLI and
+// `smoke` and `demo` (MATH.md §9). Every field can be overridden from the CLI and
 // is stored in result.json and in checkpoints.
 #pragma once
 
@@ -28,7 +28,7 @@ namespace lm {
   X(bool, learn_temperature, false,                                                           \
     "learn a per-layer log-temperature (continuum, softmax)")                                 \
   X(bool, focal_fixed, false,                                                                 \
-    "focal with one fixed temperature (then identical to softmax; SPEC 8)")                   \
+    "focal with one fixed temperature (then identical to softmax; MATH.md §8)")                   \
   X(double, focal_tau_min, 0.05, "focal per-token temperature lower clip")                    \
   X(double, focal_tau_max, 2.0, "focal per-token temperature upper clip")                     \
   X(int, batch_size, 16, "sequences per optimiser step")                                      \

@@ -1,4 +1,4 @@
-// continuum-lm — the paper's byte-level language-modelling experiment (SPEC §9):
+// continuum-lm — the paper's byte-level language-modelling experiment (MATH.md §9):
 // continuum vs softmax vs focal attention in one decoder-only Transformer.
 // Subcommands: train, eval, compare, sweep, generate, plot, plot-attention.
 // See examples/lm/README.md.
@@ -84,7 +84,7 @@ void write_compare(const std::vector<std::string>& dirs, const std::string& json
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"continuum-lm: byte-level LM with continuum, softmax or focal attention (SPEC 9)"};
+  CLI::App app{"continuum-lm: byte-level LM with continuum, softmax or focal attention (MATH.md §9)"};
   app.require_subcommand(1);
 
   // train

@@ -1,4 +1,4 @@
-// model.hpp — a byte-level decoder-only Transformer (SPEC §9), written layer by
+// model.hpp — a byte-level decoder-only Transformer (MATH.md §9), written layer by
 // layer with an explicit forward and backward, templated on the scalar type
 // (float for training, double for the whole-model gradient check).
 //
@@ -13,12 +13,12 @@
 //   logits = LayerNorm(x; lnf) · wteᵀ                         tied output projection
 //   loss   = mean over positions of −log softmax(logits)[target]   (nats)
 //
-// Temperature (SPEC §8): a fixed τ; or a learned per-layer log τ (continuum,
+// Temperature (MATH.md §8): a fixed τ; or a learned per-layer log τ (continuum,
 // softmax; dτ from the operator, chain rule dθ = dτ·τ); or focal attention's
 // learned per-token τ_i = clip(h1_i·w + b, τ_min, τ_max), shared by the heads of
 // a token, passed as a per-query [B, H, L] temperature. (The bias b, initialised
 // to the configured τ with w = 0, is our addition so that training starts at
-// the same τ as the other kernels; SPEC's causal form is the case b = 0.)
+// the same τ as the other kernels; MATH.md's causal form is the case b = 0.)
 // Scores always keep the operator's default scale 1/sqrt(head_dim).
 //
 // Shapes: N = B·L rows (batch-major), C = d_model, H heads, Dh = C/H, F = mlp_mult·C.

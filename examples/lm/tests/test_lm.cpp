@@ -1,5 +1,5 @@
 // Tests of continuum-lm: whole-model gradient check against central finite
-// differences (double), KV-cache decoding vs the full causal forward (SPEC §7.9),
+// differences (double), KV-cache decoding vs the full causal forward (MATH.md §7.9),
 // smoke training beats the byte-unigram entropy, determinism, evaluation
 // windows, checkpoint validation, the comparison statistics, bad inputs.
 #include <catch2/catch.hpp>
@@ -131,7 +131,7 @@ TEST_CASE("gradient check: whole model, every parameter, central differences", "
 
 // ---------------------------------------------------------------------------
 
-TEST_CASE("KV-cache decoding gives the full causal forward's logits (SPEC 7.9)", "[decode]") {
+TEST_CASE("KV-cache decoding gives the full causal forward's logits (MATH.md §7.9)", "[decode]") {
   auto kernel = GENERATE(std::string("continuum"), std::string("softmax"), std::string("focal"));
   INFO(kernel);
   Config c = preset("smoke");

@@ -1,4 +1,4 @@
-// attention/backward.hpp — the public backward entry point (SPEC §6, §8).
+// attention/backward.hpp — the public backward entry point (MATH.md §6, §8).
 #pragma once
 
 #include <algorithm>
@@ -10,7 +10,7 @@
 
 namespace continuum {
 
-/// Backward pass of attention_forward (SPEC §6): given dO, the gradients
+/// Backward pass of attention_forward (MATH.md §6): given dO, the gradients
 ///   dV_j = Σ_i P_ij dO_i,  dQ_i = c_i Σ_j dS_ij k_j,  dK_j = Σ_i c_i dS_ij q_i,
 ///   dτ_i = -(1/τ_i) Σ_j dS_ij s_ij,
 /// with dS the tridiagonal continuum stencil applied to dα_ij = (dP_ij − Dl_i)/Z_i,

@@ -1,4 +1,4 @@
-// attention/forward.hpp — the public forward entry point (SPEC §3–§5, §8):
+// attention/forward.hpp — the public forward entry point (MATH.md §3–§5, §8):
 // validates the arguments and dispatches to a backend's implementation,
 // templated on the stencil policy of the chosen kernel.
 #pragma once
@@ -10,10 +10,10 @@
 
 namespace continuum {
 
-/// Forward pass of attention: out_i = Σ_j P_ij v_j (SPEC §4), with
-/// P_ij = α_ij / Z_i, where α is the continuum stencil of SPEC §4 (kernel =
+/// Forward pass of attention: out_i = Σ_j P_ij v_j (MATH.md §4), with
+/// P_ij = α_ij / Z_i, where α is the continuum stencil of MATH.md §4 (kernel =
 /// continuum) or e^{s_ij} (softmax; focal = softmax with the temperature given,
-/// SPEC §8), s_ij = c_i · q_i·k_j, c_i = scale / τ_i.
+/// MATH.md §8), s_ij = c_i · q_i·k_j, c_i = scale / τ_i.
 /// \tparam Backend  continuum::cpu_t (continuum::cuda_t with the CUDA backend).
 /// \tparam T        float or double (storage). The CPU backend computes scores,
 ///                  weights and sums in double and rounds each output once.
@@ -27,12 +27,12 @@ namespace continuum {
 ///                    to T; -inf for empty rows; ±inf if log Z_i is outside T's
 ///                    range (tiny τ). attention_backward does not need it.
 /// \param[out] args.probs, args.cell_mass  [B, Hq, Lq, Lk] contiguous or null:
-///                    P and the half-token cell masses π (SPEC §5), for
+///                    P and the half-token cell masses π (MATH.md §5), for
 ///                    inspection on small inputs; invisible keys get 0.
 /// \param args.temperature  τ > 0: scalar, per query head [Hq], or per query
 ///                    [B, Hq, Lq]; args.scale default 1/sqrt(D).
 /// \param args.visibility   full, causal (bottom-right), sliding window (left, right),
-///                    explicit [B, Lq] ranges, intersected (SPEC §3).
+///                    explicit [B, Lq] ranges, intersected (MATH.md §3).
 /// \param args.num_threads  OpenMP threads (0 = runtime default); results are
 ///                    bitwise independent of it. Runs serially when called
 ///                    inside an OpenMP parallel region or on small inputs.
@@ -53,7 +53,7 @@ namespace continuum {
 /// \note Rows with no visible key give out = 0 and lse = -inf, never NaN.
 ///       Non-finite values in Q/K/V reach only the rows that see them (a key
 ///       whose weight underflows to exactly 0 contributes nothing). Double
-///       storage, CPU: raw scores q·k beyond DBL_MAX from finite q, k (CASES.md
+///       storage, CPU: raw scores q·k beyond DBL_MAX from finite q, k (MATH.md appendix A
 ///       W13, e.g. q = 1e10, k = 1e300) are formed per row in units of 2^E
 ///       (backends/cpu/tile.hpp) and give the right limit (≈ the arg-max
 ///       key's value, lse = +inf when log Z_i > DBL_MAX), never NaN. Memory

@@ -46,7 +46,7 @@ struct TensorView {
   }
 };
 
-/// Which keys each query sees (SPEC §3). The visible range of query i is
+/// Which keys each query sees (MATH.md §3). The visible range of query i is
 /// [lo_i, hi_i); the curve is built from those keys only.
 struct Visibility {
   /// Causal, bottom-right aligned: hi_i = min(Lk, i + Lk - Lq + 1).
@@ -67,7 +67,7 @@ struct Visibility {
   const index_t* range_hi = nullptr;
 };
 
-/// How the temperature τ > 0 is shared (SPEC §8).
+/// How the temperature τ > 0 is shared (MATH.md §8).
 enum class TemperatureShape { scalar, per_head, per_query };
 
 /// Temperature: one value, one per query head [heads], or one per query

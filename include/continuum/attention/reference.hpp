@@ -1,7 +1,7 @@
 // attention/reference.hpp — a plain, materialising reference implementation of
-// Continuum Attention (SPEC §3–§6), written for checking, not for speed.
+// Continuum Attention (MATH.md §3–§6), written for checking, not for speed.
 //
-// Everything is computed straight from the formulas of the SPEC, row by row,
+// Everything is computed straight from the formulas of MATH.md, row by row,
 // in a scalar type R chosen by the caller: `mpfr::mpreal` (≥ 200 bits) for the
 // multiprecision reference of the tests, `long double` for large shapes. It
 // shares no code with the operator or with math/: it has its own visibility
@@ -12,16 +12,16 @@
 //     series of ν, κ, ν2, μ2), 80 terms: 1/80! < 2^-390, so the truncation is
 //     below 200-bit rounding; the terms alternate in sign but |a| ≤ 1 keeps the
 //     cancellation to a factor ≤ e, i.e. < 2 bits;
-//   * |a| > 1: the closed forms of SPEC §5. Their cancellation is largest at
+//   * |a| > 1: the closed forms of MATH.md §5. Their cancellation is largest at
 //     |a| = 1 (κ: 1 - 3/e ≈ 0.10 against terms ≈ 1, ~4 bits), so the result
 //     keeps ≥ precision - 5 bits: ≥ 195 bits in mpreal(200), ≥ 59 in long double.
 // No threshold tuning is needed because the working precision absorbs the
 // cancellation; that is the point of a reference. The reference itself is
-// checked against direct quadrature of the curve (SPEC §7.8) by
+// checked against direct quadrature of the curve (MATH.md §7.8) by
 // tests/reference/test_reference_quadrature.cpp.
 //
 // Precision needed. The forward is accurate to a few ulp of R. The backward
-// forms dα_ij = (dP_ij - Dl_i)/Z_i as written in SPEC §6; at the row maximum
+// forms dα_ij = (dP_ij - Dl_i)/Z_i as written in MATH.md §6; at the row maximum
 // this cancels to O(τ) when τ → 0 while dS_ij ~ τ², so dS carries an absolute
 // error ~ ε_R·|dO||v|: use ε_R ≪ τ² (e.g. 640 bits at τ = 1e-38; 256 bits
 // suffice for τ ≳ 1e-30 to ~17 digits).
@@ -190,7 +190,7 @@ struct Problem {
   }
   index_t kv_head(index_t h) const { return h / (heads_q / heads_kv); }
 
-  /// SPEC §3, written out independently: [lo, hi) of query i in batch b.
+  /// MATH.md §3, written out independently: [lo, hi) of query i in batch b.
   /// Full: [0, Lk). Causal (bottom-right): hi = min(Lk, i + Lk - Lq + 1).
   /// Window (left, right) around the diagonal key d = i + Lk - Lq:
   /// d - left ≤ j ≤ d + right, a negative bound unlimited. Explicit ranges
@@ -219,7 +219,7 @@ struct Problem {
   }
 };
 
-/// The forward of one row (SPEC §4). Vectors over j are indexed j - lo.
+/// The forward of one row (MATH.md §4). Vectors over j are indexed j - lo.
 template <class R>
 struct Row {
   index_t lo = 0, hi = 0;
@@ -333,7 +333,7 @@ ForwardResult<R> forward(const Problem<R>& p) {
   return f;
 }
 
-/// Backward of one row (SPEC §6): dS_ij over the visible range (indexed
+/// Backward of one row (MATH.md §6): dS_ij over the visible range (indexed
 /// j - lo) of query (b, h) with forward row r; `dout` points at dO_i (Dv values).
 template <class R>
 std::vector<R> grad_scores(const Problem<R>& p, const Row<R>& r, const R* dout, index_t b, index_t h) {

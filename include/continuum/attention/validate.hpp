@@ -437,7 +437,7 @@ void parameter_regions(const char* fn, const Args& a, const AttentionShape& s, R
 
 }  // namespace detail
 
-/// Validates forward arguments (SPEC §3, §8) for the kernels `opt` describes;
+/// Validates forward arguments (MATH.md §3, §8) for the kernels `opt` describes;
 /// returns the resolved shape and the scale.
 /// \throws std::invalid_argument naming the argument.
 template <class T>
@@ -472,7 +472,7 @@ AttentionShape validate_forward(const ForwardArgs<T>& a, double* scale_out = nul
   return validate_forward(a, scale_out, opt);
 }
 
-/// Validates backward arguments (SPEC §6) for the kernels `opt` describes;
+/// Validates backward arguments (MATH.md §6) for the kernels `opt` describes;
 /// returns the resolved shape and the scale.
 /// \throws std::invalid_argument naming the argument.
 template <class T>

@@ -1,4 +1,4 @@
-// attention/visibility.hpp — which keys a query sees (SPEC §3), shared by every
+// attention/visibility.hpp — which keys a query sees (MATH.md §3), shared by every
 // backend and by the references.
 #pragma once
 
@@ -14,14 +14,14 @@ struct KeyRange {
   CONTINUUM_HOST_DEVICE constexpr index_t size() const { return hi > lo ? hi - lo : 0; }
 };
 
-/// Visible key range of query i of batch item b (SPEC §3):
+/// Visible key range of query i of batch item b (MATH.md §3):
 ///  * full: [0, Lk);
 ///  * causal, bottom-right aligned: hi = min(Lk, i + Lk − Lq + 1) (≤ 0: empty);
 ///  * sliding window (left, right) around the diagonal key d = i + Lk − Lq
 ///    (negative = unlimited): lo = max(lo, d − left), hi = min(hi, d + right + 1),
 ///    computed without overflow for any bound up to INT64_MAX;
 ///  * explicit ranges [B, Lq] (range_lo/range_hi): intersected with the above.
-/// The memory curve of the row is built from these keys only (SPEC §2).
+/// The memory curve of the row is built from these keys only (MATH.md §2).
 CONTINUUM_HOST_DEVICE inline KeyRange visible_range(const Visibility& vis, index_t b, index_t i,
                                                     index_t Lq, index_t Lk) {
   // d may be negative (Lq > Lk) but |d| < max(Lq, Lk), so d + 1 and the

@@ -9,7 +9,7 @@
 // Storage types: float, __half, __nv_bfloat16; accumulation in float
 // (accum_t<__half> = accum_t<__nv_bfloat16> = float, so lse, the temperature
 // and dτ are float arrays). Kernels: continuum, softmax, focal (= softmax with
-// the given temperature, SPEC §8). head_dim and value dim ≤ 256. The per-element
+// the given temperature, MATH.md §8). head_dim and value dim ≤ 256. The per-element
 // math is math/density.hpp's ContinuumStencil / SoftmaxStencil, the same
 // templates the CPU backend uses. Launches are asynchronous on the default
 // stream. Not supported here: the probs / cell_mass inspection outputs (CPU only).
@@ -47,7 +47,7 @@ struct attention_impl<cuda_t> {
   }
 };
 
-/// Forward on the GPU (SPEC §4–§5); `args` hold device pointers. Same contract
+/// Forward on the GPU (MATH.md §4–§5); `args` hold device pointers. Same contract
 /// as attention/forward.hpp's attention_forward, except: T is float, __half or
 /// __nv_bfloat16 (fp32 accumulation; lse and the temperature are float for the
 /// 16-bit types); head_dim, Dv ≤ 256; probs / cell_mass must be null. The
@@ -67,7 +67,7 @@ void attention_forward(cuda_t, const ForwardArgs<T>& args) {
     attention_impl<cuda_t>::forward<T, SoftmaxStencil>(args, shape, scale);
 }
 
-/// Backward on the GPU (SPEC §6): dQ, dK, dV, dτ; deterministic (no atomics).
+/// Backward on the GPU (MATH.md §6): dQ, dK, dV, dτ; deterministic (no atomics).
 /// Same contract, checks and exceptions as the forward above. As in the CPU
 /// backend, `out` and `lse` are shape-checked but not read (lse may be null):
 /// each row's maximum and Z are recomputed and Dl is formed from P and dP

@@ -1,5 +1,5 @@
 // detail/dispatch.hpp — the public entry points' dispatch on the kernel
-// (SPEC §4, §8): continuum → ContinuumStencil; softmax and focal →
+// (MATH.md §4, §8): continuum → ContinuumStencil; softmax and focal →
 // SoftmaxStencil (focal is softmax with the temperature given).
 #pragma once
 

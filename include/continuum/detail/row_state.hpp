@@ -1,12 +1,12 @@
 // detail/row_state.hpp — per-row numerics shared by the CPU and CUDA
 // backends: the compute type, shifted scores, the stencil with the underflow
-// flush, and the online row maximum (FlashAttention-2's running max, SPEC §5
+// flush, and the online row maximum (FlashAttention-2's running max, MATH.md §5
 // "Numerical form of the forward").
 //
 // Conventions (both backends):
 //  * raw scores r_ij = q_i · k_j are formed in compute_t<T> (double for float
 //    storage: products of floats are exact in double and |r| ≤ D·FLT_MAX² never
-//    overflows, so q = k = [1e19]×4 is fine — CASES.md W13);
+//    overflows, so q = k = [1e19]×4 is fine — MATH.md appendix A W13);
 //  * the row maximum m_i is kept in raw units, and the stencil sees shifted
 //    scores s̃_ij = c_i · (r_ij − m_i) ≤ 0 with c_i = scale / τ_i. Any c_i
 //    (tiny τ, W12) then gives s̃ ∈ [−∞, 0]: −∞ is a valid, fully underflowed
@@ -75,12 +75,12 @@ struct FlushedStencil {
     if (flushed(l, s, r, hl, hr)) return C(0);
     return Stencil::weight(l, s, r, hl, hr);
   }
-  /// Unnormalised half-token cell mass of key j (SPEC §5; inspection only).
+  /// Unnormalised half-token cell mass of key j (MATH.md §5; inspection only).
   CONTINUUM_HOST_DEVICE static C cell_mass(C l, C s, C r, bool hl, bool hr) {
     if (flushed(l, s, r, hl, hr)) return C(0);
     return Stencil::cell_mass(l, s, r, hl, hr);
   }
-  /// Z̃·dS_j (SPEC §6): the tridiagonal stencil applied to g_k = dP_k − Dl:
+  /// Z̃·dS_j (MATH.md §6): the tridiagonal stencil applied to g_k = dP_k − Dl:
   ///   g_j ∂α_j/∂s_j + g_{j−1} ∂α_{j−1}/∂s_j + g_{j+1} ∂α_{j+1}/∂s_j,
   /// absent terms (invisible neighbours) dropped. Every term is bounded by
   /// e^{max(l, s, r)}, so the flush drops only negligible terms.
@@ -95,15 +95,15 @@ struct FlushedStencil {
   }
 };
 
-/// The stencil evaluated segment by segment (SPEC §4–§6), for the tiled
+/// The stencil evaluated segment by segment (MATH.md §4–§6), for the tiled
 /// backends: each segment between two visible neighbours is evaluated once
 /// and shared by its two knots, instead of once from each side.
 /// Segment t joins knot t (shifted score x) and knot t+1 (score y); with
-/// e = e^{max(x,y)}, a = −|x − y| (SPEC §5):
+/// e = e^{max(x,y)}, a = −|x − y| (MATH.md §5):
 ///   to_left  = w(x, y)          to_right = w(y, x)        (forward weights)
 ///   d_left   = ∂w(x, y)/∂x      d_right  = ∂w(y, x)/∂y    (own-score derivatives)
 ///   coupling = ∂w(x, y)/∂y = ∂w(y, x)/∂x = e·κ(a)         (cross derivative)
-/// and w = ∂w/∂x + ∂w/∂y (SPEC §7.7) gives to_left = d_left + coupling,
+/// and w = ∂w/∂x + ∂w/∂y (MATH.md §7.7) gives to_left = d_left + coupling,
 /// to_right = d_right + coupling: the backward needs three moments (ν2, μ2, κ)
 /// and one exp per segment for α, ∂α/∂s and the couplings together.
 /// A segment whose larger score is below the flush threshold contributes 0
@@ -167,7 +167,7 @@ struct SegmentStencil<SoftmaxStencil> {
 /// sc(j) returns the shifted score of visible key j (called for j in
 /// [ja − 1, jb] ∩ [lo, hi)). Writes alpha[j − ja] = α̃_j when alpha is not null
 /// and, when g is not null, ds[j − ja] = Z̃·dS_j = Σ_k g_k ∂α̃_k/∂s_j with
-/// g(j) = dP_j − Dl (SPEC §6).
+/// g(j) = dP_j − Dl (MATH.md §6).
 template <class Stencil, class Score, class Grad>
 CONTINUUM_HOST_DEVICE inline void row_stencil(index_t lo, index_t hi, index_t ja, index_t jb, Score sc,
                                               double* alpha, Grad g, double* ds) {

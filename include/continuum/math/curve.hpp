@@ -1,4 +1,4 @@
-// math/curve.hpp — the memory curve of SPEC §2: one segment between two
+// math/curve.hpp — the memory curve of MATH.md §2: one segment between two
 // neighbouring visible tokens, and the flat half-token cells at the ends.
 //
 // Scores passed here are usually already shifted by the row maximum (≤ 0), so
@@ -78,18 +78,18 @@ CONTINUUM_HOST_DEVICE inline double half_segment_mass(double x, double y) {
 
 }  // namespace detail
 
-/// Segment weight w(x, y) = ∫_0^1 (1-u) e^{(1-u)x + uy} du (SPEC §4): the part
+/// Segment weight w(x, y) = ∫_0^1 (1-u) e^{(1-u)x + uy} du (MATH.md §4): the part
 /// of the segment between two neighbouring knots that goes to the knot with
 /// score x (the other knot has score y).
 /// = e^{max} ν(-|x-y|) if x ≥ y ("near"), e^{max} μ1(-|x-y|) if x < y ("far")
-/// (SPEC §5). \tparam T float or double. Returns 0 when either score is -∞ and
+/// (MATH.md §5). \tparam T float or double. Returns 0 when either score is -∞ and
 /// the other is not +∞; NaN in gives NaN out.
 template <class T>
 CONTINUUM_HOST_DEVICE inline T segment_weight(T x, T y) {
   return T(detail::segment_weight(double(x), double(y)));
 }
 
-/// ∂w/∂y(x, y) = ∫_0^1 u(1-u) e^{(1-u)x + uy} du = e^{max} κ(-|x-y|) (SPEC §5).
+/// ∂w/∂y(x, y) = ∫_0^1 u(1-u) e^{(1-u)x + uy} du = e^{max} κ(-|x-y|) (MATH.md §5).
 /// Symmetric in x and y: it is also ∂w(y, x)/∂x's coupling partner, the
 /// derivative of the neighbour's weight with respect to this knot's score.
 template <class T>
@@ -98,7 +98,7 @@ CONTINUUM_HOST_DEVICE inline T segment_weight_dy(T x, T y) {
 }
 
 /// ∂w/∂x(x, y) = ∫_0^1 (1-u)² e^{(1-u)x + uy} du = e^{max} ν2(-δ) if x ≥ y,
-/// e^{max} μ2(-δ) if x < y. SPEC §5 gives it as w - ∂w/∂y; that difference
+/// e^{max} μ2(-δ) if x < y. MATH.md §5 gives it as w - ∂w/∂y; that difference
 /// cancels in the far case (μ1 - κ = μ2: terms ~1/δ², result ~2/δ³, so about
 /// log2(δ/2) bits are lost; test_curve.cpp measures it), so it is evaluated
 /// directly.
@@ -107,7 +107,7 @@ CONTINUUM_HOST_DEVICE inline T segment_weight_dx(T x, T y) {
   return T(detail::segment_weight_dx(double(x), double(y)));
 }
 
-/// Flat half-token cell at an end of the visible range (SPEC §2 [choice]):
+/// Flat half-token cell at an end of the visible range (MATH.md §2 [choice]):
 /// the curve is held at the end knot for half a unit, weight e^x / 2; it is
 /// also its own derivative and its own cell mass.
 template <class T>
@@ -117,7 +117,7 @@ CONTINUUM_HOST_DEVICE inline T half_cell_weight(T x) {
 
 /// Mass of the half of segment (x, y) next to the knot with score x:
 /// ∫_0^{1/2} e^{(1-u)x + uy} du = ½ e^{max} μ0(-δ/2) if x ≥ y, and
-/// ½ e^{max} e^{-δ/2} μ0(-δ/2) = ½ e^{(x+y)/2} μ0(-δ/2) if x < y (SPEC §5,
+/// ½ e^{max} e^{-δ/2} μ0(-δ/2) = ½ e^{(x+y)/2} μ0(-δ/2) if x < y (MATH.md §5,
 /// half-token cell masses). 0 when either score is -∞; NaN in gives NaN out.
 template <class T>
 CONTINUUM_HOST_DEVICE inline T half_segment_mass(T x, T y) {

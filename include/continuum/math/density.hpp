@@ -1,4 +1,4 @@
-// math/density.hpp — the relevance density's three-point stencil (SPEC §4, §6)
+// math/density.hpp — the relevance density's three-point stencil (MATH.md §4, §6)
 // and the score-to-weight policies that make continuum, softmax and focal
 // attention one operator.
 //
@@ -15,7 +15,7 @@ namespace continuum {
 
 /// Which attention operator: a runtime choice for the API; the kernels are
 /// templated on the matching stencil policy below.
-/// `focal` is softmax whose temperature is set by the model (SPEC §8): at the
+/// `focal` is softmax whose temperature is set by the model (MATH.md §8): at the
 /// operator level it uses the softmax stencil with the temperature it is given.
 enum class Kernel { continuum, softmax, focal };
 
@@ -23,14 +23,14 @@ inline constexpr const char* kernel_name(Kernel k) {
   return k == Kernel::continuum ? "continuum" : k == Kernel::softmax ? "softmax" : "focal";
 }
 
-/// Continuum stencil policy (SPEC §4, §6): α depends on the two neighbours.
+/// Continuum stencil policy (MATH.md §4, §6): α depends on the two neighbours.
 /// Scores may be -∞ (then that side's segment contributes 0, see curve.hpp);
-/// a side whose neighbour is not visible is a flat half-token cell (SPEC §2).
+/// a side whose neighbour is not visible is a flat half-token cell (MATH.md §2).
 /// Each function is evaluated in double and rounded once to T.
 struct ContinuumStencil {
   static constexpr bool has_halo = true;
 
-  /// α_j = L_j + R_j from the (shifted) scores (SPEC §4); has_left / has_right
+  /// α_j = L_j + R_j from the (shifted) scores (MATH.md §4); has_left / has_right
   /// say whether the neighbour is visible (else that side is a flat half-cell).
   /// Equal scores give α_j = e^s (½ e^s from each side), as softmax does.
   template <class T>
@@ -40,7 +40,7 @@ struct ContinuumStencil {
     const double r = has_right ? detail::segment_weight(x, double(right)) : 0.5 * math::exp(x);
     return T(l + r);
   }
-  /// ∂α_j/∂s_j = ∂w/∂x(s_j, s_{j-1}) + ∂w/∂x(s_j, s_{j+1}) (SPEC §6); a flat
+  /// ∂α_j/∂s_j = ∂w/∂x(s_j, s_{j-1}) + ∂w/∂x(s_j, s_{j+1}) (MATH.md §6); a flat
   /// half-cell contributes e^{s_j}/2.
   template <class T>
   CONTINUUM_HOST_DEVICE static T weight_ds(T left, T s, T right, bool has_left, bool has_right) {
@@ -50,14 +50,14 @@ struct ContinuumStencil {
     return T(l + r);
   }
   /// ∂α_j/∂s_{j±1} = ∂α_{j±1}/∂s_j = ∂w/∂y(s_j, s_{j±1}): the coupling across the
-  /// segment (s_j, s_{j±1}) (SPEC §6); symmetric in its two arguments. Only for
+  /// segment (s_j, s_{j±1}) (MATH.md §6); symmetric in its two arguments. Only for
   /// visible neighbours (a flat half-cell has no coupling).
   template <class T>
   CONTINUUM_HOST_DEVICE static T coupling(T s, T neighbour) {
     return segment_weight_dy(s, neighbour);
   }
   /// Cell mass (unnormalised) π_j: the density e^{s(t)} integrated over token j's
-  /// cell [j - 1/2, j + 1/2] (SPEC §5). Σ_j π_j = Σ_j α_j = Z over a row.
+  /// cell [j - 1/2, j + 1/2] (MATH.md §5). Σ_j π_j = Σ_j α_j = Z over a row.
   template <class T>
   CONTINUUM_HOST_DEVICE static T cell_mass(T left, T s, T right, bool has_left, bool has_right) {
     const double x = double(s);

@@ -1,4 +1,4 @@
-// math/moments.hpp — the closed-form exponential moments of SPEC §5.
+// math/moments.hpp — the closed-form exponential moments of MATH.md §5.
 //
 // Every weight of Continuum Attention reduces to bounded one-argument functions
 // of a ≤ 0 (the larger endpoint score is factored out, a = -|x - y|); b = -a:
@@ -10,8 +10,8 @@
 //   kappa(a) = ∫_0^1 u(1-u) e^{au} du     = (b - 2 + (b + 2) e^{-b})/b³  = mu1 - mu2
 //   nu2(a)   = ∫_0^1 (1-u)² e^{au} du     = (b² - 2b + 2 - 2e^{-b})/b³  = nu - kappa
 //
-// mu2 and nu2 are not in SPEC §5's table: they are ∂w/∂x of a segment weight.
-// SPEC §5 writes ∂w/∂x = w - ∂w/∂y, which for the far weight is μ1 - κ = μ2:
+// mu2 and nu2 are not in MATH.md §5's table: they are ∂w/∂x of a segment weight.
+// MATH.md §5 writes ∂w/∂x = w - ∂w/∂y, which for the far weight is μ1 - κ = μ2:
 // each term ~1/b², the difference ~2/b³, so the subtraction loses log2(b/2)
 // bits (all of them as b → ∞; tests/unit/test_curve.cpp measures it). We
 // evaluate μ2 and ν2 directly instead.
@@ -43,7 +43,7 @@
 //  * a > 0 is outside the domain (callers never form it); results there are
 //    finite for 0 < a ≤ 1/2 (the k = 0 series) and otherwise not specified,
 //    except μ0, which is expm1(a)/a for every a > 0 (≤ 1.5 ulp with glibc):
-//    SPEC §7.7 uses it at y - x > 0.
+//    MATH.md §7.7 uses it at y - x > 0.
 //
 // Accuracy (tests/unit/test_moments.cpp, 220 172 arguments per function and type
 // against 400-bit MPFR of the same rounded input; glibc exp/expm1, x86-64):
@@ -98,7 +98,7 @@ CONTINUUM_HOST_DEVICE inline int taylor_index(double b) {
 
 CONTINUUM_HOST_DEVICE inline double mu0(double a) {
   const double b = -a;
-  if (b < 0.0) return math::expm1(a) / a;  // a > 0: SPEC §7.7 writes e^x μ0(y - x)
+  if (b < 0.0) return math::expm1(a) / a;  // a > 0: MATH.md §7.7 writes e^x μ0(y - x)
   if (b < taylor_limit) {
     const int k = taylor_index(b);
     return taylor_mu0(k, a + double(k));
@@ -179,29 +179,29 @@ CONTINUUM_HOST_DEVICE inline double nu2(double a) {
 
 }  // namespace detail
 
-/// μ0(a) = ∫_0^1 e^{au} du = expm1(a)/a (SPEC §5), the mass of a whole segment
+/// μ0(a) = ∫_0^1 e^{au} du = expm1(a)/a (MATH.md §5), the mass of a whole segment
 /// over e^{max}. \tparam T float or double (evaluated in double, rounded once).
 /// Domain a ≤ 0 (and any a > 0, as expm1(a)/a); μ0(±0) = 1 exactly,
 /// μ0(-∞) = 0, ~1/|a| as a → -∞; NaN → NaN.
 template <class T>
 CONTINUUM_HOST_DEVICE inline T mu0(T a) { return T(detail::mu0(double(a))); }
 
-/// μ1(a) = ∫_0^1 u e^{au} du (SPEC §5): the "far" segment weight over e^{max}.
+/// μ1(a) = ∫_0^1 u e^{au} du (MATH.md §5): the "far" segment weight over e^{max}.
 /// Domain a ≤ 0; μ1(±0) = 1/2, μ1(-∞) = 0, ~1/a² as a → -∞; NaN → NaN.
 template <class T>
 CONTINUUM_HOST_DEVICE inline T mu1(T a) { return T(detail::mu1(double(a))); }
 
-/// μ2(a) = ∫_0^1 u² e^{au} du: ∂w/∂x of the far segment weight (not in SPEC §5's
+/// μ2(a) = ∫_0^1 u² e^{au} du: ∂w/∂x of the far segment weight (not in MATH.md §5's
 /// table, see the header comment). μ2(±0) = 1/3, μ2(-∞) = 0, ~2/|a|³; NaN → NaN.
 template <class T>
 CONTINUUM_HOST_DEVICE inline T mu2(T a) { return T(detail::mu2(double(a))); }
 
-/// ν(a) = ∫_0^1 (1-u) e^{au} du = μ0 - μ1 (SPEC §5): the "near" segment weight.
+/// ν(a) = ∫_0^1 (1-u) e^{au} du = μ0 - μ1 (MATH.md §5): the "near" segment weight.
 /// ν(±0) = 1/2, ν(-∞) = 0, ~1/|a| as a → -∞; NaN → NaN.
 template <class T>
 CONTINUUM_HOST_DEVICE inline T nu(T a) { return T(detail::nu(double(a))); }
 
-/// κ(a) = ∫_0^1 u(1-u) e^{au} du = μ1 - μ2 (SPEC §5): ∂w/∂y of a segment.
+/// κ(a) = ∫_0^1 u(1-u) e^{au} du = μ1 - μ2 (MATH.md §5): ∂w/∂y of a segment.
 /// κ(±0) = 1/6, κ(-∞) = 0, ~1/a² as a → -∞; NaN → NaN.
 template <class T>
 CONTINUUM_HOST_DEVICE inline T kappa(T a) { return T(detail::kappa(double(a))); }

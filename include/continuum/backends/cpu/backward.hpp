@@ -1,4 +1,4 @@
-// backends/cpu/backward.hpp — the CPU backward pass (SPEC §6), deterministic
+// backends/cpu/backward.hpp — the CPU backward pass (MATH.md §6), deterministic
 // and without atomics:
 //  pass A, per (batch, query head, block of 16 queries): sweep 0 finds each
 //    row's raw maximum and reference key ref (first key at the maximum);
@@ -189,7 +189,7 @@ void backward_query_block(const BackwardArgs<T>& a, const AttentionShape& sh, do
     for (index_t r = 0; r < nq; ++r)
       if (ref[r] >= 0) dpref[r] = raw_dot(a.grad_out.row(b, hq, i0 + r), a.value.row(b, hk, ref[r]), Dv);
     // Sweep 1: Z̃ = Σ_j α̃_j (shifted by the final maximum) and, with
-    // h_j = dP_j − dP_ref, Dl − dP_ref = Σ_j P_j h_j (SPEC §6: Dl = Σ_j P_j dP_j
+    // h_j = dP_j − dP_ref, Dl − dP_ref = Σ_j P_j h_j (MATH.md §6: Dl = Σ_j P_j dP_j
     // = dO·o). Splitting off the reference key removes the cancellation of
     // dP_j − Dl where P is concentrated (tiny τ, W12): the forward's out
     // (rounded to T) is not read, and the sums are kept apart as needed by
@@ -497,7 +497,7 @@ void backward(const BackwardArgs<T>& a, const AttentionShape& sh, double scale) 
     });
   }
 
-  // dτ in the temperature's shape, summed in a fixed order (SPEC §8).
+  // dτ in the temperature's shape, summed in a fixed order (MATH.md §8).
   if (a.grad_temperature) {
     switch (a.temperature.shape) {
       case TemperatureShape::per_query:

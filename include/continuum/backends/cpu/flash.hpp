@@ -1,7 +1,7 @@
 // backends/cpu/flash.hpp — tiled (FlashAttention-2 style) CPU kernels for the
 // forward and backward of continuum, softmax and focal attention.
 //
-// Forward (SPEC §4–§5, "numerical form"): one task per (batch, query head,
+// Forward (MATH.md §4–§5, "numerical form"): one task per (batch, query head,
 // block of kBr query rows), tasks spread over OpenMP threads (dynamic schedule,
 // heaviest causal blocks first). A task walks the key range its rows can see in
 // tiles of kBc keys; tiles outside every row's range are skipped, not masked.
@@ -18,7 +18,7 @@
 // A key's right-hand weight therefore arrives one tile later — the sum is the
 // same α, only grouped differently.
 //
-// Backward (SPEC §6): one task per (batch, key head); the task owns dK, dV of
+// Backward (MATH.md §6): one task per (batch, key head); the task owns dK, dV of
 // that head and dQ of every query head of its GQA group, and walks key tiles
 // (outer) × query tiles (inner) in a fixed order, so results are bitwise
 // independent of the thread count and there are no atomics. Per tile, with one
@@ -229,7 +229,7 @@ inline void key_range_gemm(index_t ncols, index_t R, index_t N, const T* A, inde
     }
 }
 
-/// Visible key range [lo, hi) of query i of batch b (SPEC §3, attention/visibility.hpp).
+/// Visible key range [lo, hi) of query i of batch b (MATH.md §3, attention/visibility.hpp).
 struct RowRange {
   index_t lo, hi;
 };
@@ -238,7 +238,7 @@ inline RowRange row_range(const Visibility& v, index_t b, index_t i, index_t Lq,
   return {k.lo, k.hi};
 }
 
-/// Temperature τ of query i of head h, batch b (SPEC §8 shapes).
+/// Temperature τ of query i of head h, batch b (MATH.md §8 shapes).
 template <class T>
 inline T temperature_of(const Temperature<T>& t, index_t b, index_t h, index_t i, index_t H, index_t Lq) {
   switch (t.shape) {
@@ -452,7 +452,7 @@ inline typename Simd<T>::v shift_in(typename Simd<T>::v prev, typename Simd<T>::
 }
 #endif
 
-/// Continuum stencil weights of one row, fused (SPEC §4–§5): the knots
+/// Continuum stencil weights of one row, fused (MATH.md §4–§5): the knots
 /// c0 … c1-1 of the row buffer s are visible (c1 > c0), consecutive knots form
 /// a segment, and w[c] = α_c e^{-m} = (weight from the left segment + weight
 /// from the right segment) · e^{-m}, with the flat half-token cell e^{s-m}/2 at
@@ -1176,7 +1176,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
 }
 
 /// dτ in the temperature's shape from per-row values -(1/τ_i) Σ_j dS_ij s_ij,
-/// summed in a fixed order (SPEC §8).
+/// summed in a fixed order (MATH.md §8).
 template <class T>
 void write_grad_temperature(const BackwardArgs<T>& a, const std::vector<double>& dtau_rows) {
   const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq;

@@ -1,4 +1,4 @@
-// backends/cpu/forward.hpp — the CPU forward pass (SPEC §4–§5): per
+// backends/cpu/forward.hpp — the CPU forward pass (MATH.md §4–§5): per
 // (batch, query head, block of 16 queries), key tiles of 64 with a one-column
 // halo on each side, an online row maximum, and accumulation of α̃ and α̃·v in
 // double. One implementation for every kernel, templated on the stencil
@@ -131,7 +131,7 @@ bool forward_block(const ForwardArgs<T>& a, const AttentionShape& sh, double sca
       if (sum == 0.0) {
         // Every weight underflowed (double storage, score gaps c·Δr beyond
         // ~1e300 around every maximal knot): the τ → 0 limit, the mean of
-        // the values at the maximal knots (SPEC §7.6), and lse ≈ c·m.
+        // the values at the maximal knots (MATH.md §7.6), and lse ≈ c·m.
         double cnt = 0.0;
         for (index_t e = 0; e < Dv; ++e) ar[e] = 0.0;
         for (index_t j = rg[r].lo; j < rg[r].hi; ++j) {

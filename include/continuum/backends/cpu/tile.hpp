@@ -25,7 +25,7 @@ namespace cpu_detail {
 /// Query rows per block and keys per tile. Key tiles are aligned to multiples
 /// of block_k globally, so a row meets the same tiles in the same order
 /// whatever block it belongs to: a KV-cache decode row (Lq = 1) is computed
-/// bit for bit like the same row of the full causal forward (SPEC §7.9).
+/// bit for bit like the same row of the full causal forward (MATH.md §7.9).
 inline constexpr index_t block_q = 16;
 inline constexpr index_t block_k = 64;
 
@@ -97,7 +97,7 @@ inline double raw_dot(const TQ* q, const TK* k, index_t depth) {
 }
 
 // ---------------------------------------------------------------------------
-// Scores beyond the double range (CASES.md W13, double storage).
+// Scores beyond the double range (MATH.md appendix A W13, double storage).
 //
 // For double storage the raw score r = q·k can exceed DBL_MAX although q and
 // k are finite (q = 1e10, k = 1e300): unscaled, r overflows to ±∞, the row
@@ -214,7 +214,7 @@ inline void axpy(double* y, double a, const double* x, index_t n) {
   for (index_t e = 0; e < n; ++e) y[e] += a * x[e];
 }
 
-/// The online update of one row over one key tile (SPEC §5, numerical form).
+/// The online update of one row over one key tile (MATH.md §5, numerical form).
 /// srow holds raw scores of columns [c0, c0 + ...); the row sees keys [lo, hi);
 /// the tile's own keys are [ja, jb) (non-empty, inside [lo, hi)) and the
 /// visible computed columns [ca, cb) include the one-column halo on each side.

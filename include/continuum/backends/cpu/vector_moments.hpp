@@ -1,5 +1,5 @@
 // backends/cpu/vector_moments.hpp — branch-free, vectorisable versions of the
-// exponential and of the segment weights of SPEC §4–§5, for the tiled CPU
+// exponential and of the segment weights of MATH.md §4–§5, for the tiled CPU
 // kernels (backends/cpu/flash.hpp).
 //
 // The scalar primitives in math/ (mu0 … nu2, segment_weight …) branch on the
@@ -22,7 +22,7 @@
 //    (double) of the function's minimum on the interval, printed beside each
 //    array). Centred at b = 1 the terms alternate but their absolute sum stays
 //    below 2× the value, so Horner adds at most ~2 ulp.
-//  * b > 2: the closed forms of SPEC §5 written with eMin = eM e^{-b} (no second
+//  * b > 2: the closed forms of MATH.md §5 written with eMin = eM e^{-b} (no second
 //    exponential) and r = 1/b (no b², b³, so no overflow):
 //      eM ν   = (eM (b-1) r + eMin r) r
 //      eM μ1  = (eM - (1+b) eMin) r r            (1+b)e^{-b} ≤ 0.41: no cancellation
@@ -34,7 +34,7 @@
 //
 // exp_clamped(x): e^x for x ≤ 88.7 (float) / 709 (double); returns exactly 0
 // below the normal range (x < -87.33 / -708.39) instead of a subnormal, so the
-// kernels never produce denormals from exp (SPEC §5 "no overflow"; CASES W11).
+// kernels never produce denormals from exp (MATH.md §5 "no overflow"; CASES W11).
 // Relative error ≤ 2 ulp on the rest (Cephes expf polynomial for float, degree-13
 // Taylor on |r| ≤ ln2/2 for double). NaN is not propagated (callers mask).
 #pragma once

@@ -7,7 +7,7 @@
 // block_sync() and shared_bytes() only (no warp intrinsics, no atomics), so the
 // same bodies also run in tests/cuda/emulate.hpp, which executes a "block" as
 // host threads with a barrier. That is how this backend's index arithmetic is
-// tested on machines without a GPU (SPEC §7.10: any tiling gives the same
+// tested on machines without a GPU (MATH.md §7.10: any tiling gives the same
 // result within rounding).
 #pragma once
 
@@ -111,7 +111,7 @@ struct KernelParams {
 };
 
 /// Visible key range [lo, hi) of query i of batch item b: the shared
-/// attention/visibility.hpp rule (SPEC §3), the same function the CPU backend
+/// attention/visibility.hpp rule (MATH.md §3), the same function the CPU backend
 /// uses. Empty ranges come back as lo == hi.
 template <class E, class A>
 CONTINUUM_HOST_DEVICE inline void visible_range(const KernelParams<E, A>& p, index_t b, index_t i,
@@ -121,7 +121,7 @@ CONTINUUM_HOST_DEVICE inline void visible_range(const KernelParams<E, A>& p, ind
   hi = r.hi;
 }
 
-/// τ of query i of (batch b, query head h) (SPEC §8 shapes).
+/// τ of query i of (batch b, query head h) (MATH.md §8 shapes).
 template <class E, class A>
 CONTINUUM_HOST_DEVICE inline A temperature_of(const KernelParams<E, A>& p, index_t b, index_t h,
                                               index_t i) {
@@ -225,7 +225,7 @@ CONTINUUM_DEVICE void tile_scores(const A* q, index_t ldq, const A* k, index_t l
 }
 
 /// α(s − m_r) of the bn interior columns n0 .. n0+bn-1 of a score tile left by
-/// tile_scores, with the shared stencil of math/density.hpp (SPEC §4): each
+/// tile_scores, with the shared stencil of math/density.hpp (MATH.md §4): each
 /// row r shifted by m[r]; 0 outside the row's range.
 template <class A, class Stencil>
 CONTINUUM_DEVICE void tile_weights(const A* s, const A* m, const index_t* lo, const index_t* hi, index_t n0,

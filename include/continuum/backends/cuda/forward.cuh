@@ -1,10 +1,10 @@
 // backends/cuda/forward.cuh — the tiled forward kernel (FlashAttention-2
-// structure, SPEC §4–§5 "numerical form of the forward").
+// structure, MATH.md §4–§5 "numerical form of the forward").
 //
 // One block owns bm query rows of one (batch, query head) and walks the key
 // tiles [n0, n0 + bn) that any of its rows can see. Per tile it loads bn + 2 key
 // rows (the tile plus the one-column halo on each side that the continuum
-// stencil reads: α_j needs s_{j-1} and s_{j+1}, SPEC §4), forms the bm × (bn+2)
+// stencil reads: α_j needs s_{j-1} and s_{j+1}, MATH.md §4), forms the bm × (bn+2)
 // scores, updates each row's running maximum m (over every visible score it
 // has formed, halo included, so that no shifted score is > 0), turns the bn
 // interior scores into α_j e^{-m} with the shared Stencil policy of
@@ -15,7 +15,7 @@
 // Scores are s = (c q)·k with c = scale/τ folded into q first, so a q·k that
 // would overflow fp32 (bug case W13) is not formed when the score is finite.
 // Every thread owns fixed elements and sums in a fixed order: the result is
-// bitwise reproducible run to run (SPEC §7.10, bug case W07).
+// bitwise reproducible run to run (MATH.md §7.10, bug case W07).
 #pragma once
 
 #include "common.cuh"
@@ -57,7 +57,7 @@ struct ForwardShared {
 };
 
 /// Forward kernel body. Stencil = ContinuumStencil or SoftmaxStencil (focal is
-/// softmax with the temperature it is given, SPEC §8).
+/// softmax with the temperature it is given, MATH.md §8).
 template <class E, class A, class Stencil>
 CONTINUUM_DEVICE void forward_body(const KernelParams<E, A>& p) {
   const int tid = thread_id();
@@ -106,7 +106,7 @@ CONTINUUM_DEVICE void forward_body(const KernelParams<E, A>& p) {
         sh.m[r] = m_new;
       }
       block_sync();
-      // α_j e^{-m} for the interior columns (the shared stencil, SPEC §4).
+      // α_j e^{-m} for the interior columns (the shared stencil, MATH.md §4).
       tile_weights<A, Stencil>(sh.s, sh.m, sh.lo, sh.hi, n0, bm, bn, sh.a);
       block_sync();
       for (int r = tid; r < bm; r += nt) {

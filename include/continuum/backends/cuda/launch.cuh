@@ -131,7 +131,7 @@ void backward_launch(const BackwardArgs<E>& a, const AttentionShape& shape, doub
   p.dv = a.grad_value;
   const bool want_dtau = a.grad_temperature != nullptr;
   if (p.B == 0 || p.Hq == 0 || p.Lq == 0 || p.Lk == 0) {
-    // Nothing visible anywhere: every gradient is zero (SPEC §3).
+    // Nothing visible anywhere: every gradient is zero (MATH.md §3).
     auto zero = [](auto& view) {
       using V = std::remove_reference_t<decltype(*view.data)>;
       for (index_t b = 0; b < view.batch; ++b)
