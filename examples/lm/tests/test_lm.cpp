@@ -409,7 +409,7 @@ TEST_CASE("checkpoints: round trip, truncated, malformed, mismatched files are r
   }
 }
 
-TEST_CASE("checkpoints: checked before anything is allocated; folders and devices are refused", "[checkpoint]") {
+TEST_CASE("checkpoints: checked before anything is allocated, and folders and devices are refused", "[checkpoint]") {
   const auto dir = temp_dir("ckpt-hostile");
   // A small file whose config asks for a model of 2^50 + parameters and that
   // holds no tensor (was: the model was allocated from the metadata first, a
