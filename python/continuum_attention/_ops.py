@@ -12,7 +12,7 @@ from . import _C  # noqa: F401  (loads the library: registers torch.ops.continuu
 _KERNELS = ("continuum", "softmax", "focal")
 
 
-#: True when this build has the CUDA kernels (opt-in at build time).
+#: True when this build has the CUDA kernels (built when nvcc was present).
 WITH_CUDA = bool(_C.with_cuda)
 
 

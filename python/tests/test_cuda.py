@@ -1,4 +1,4 @@
-"""The CUDA operator (opt-in build: CONTINUUM_ATTENTION_CUDA=ON) against the
+"""The CUDA operator (built when nvcc is present: CONTINUUM_ATTENTION_CUDA=ON) against the
 float64 CPU operator. Skipped without the CUDA kernels or without a GPU.
 
 Tolerances: the CUDA backend accumulates in float32 (docs/CUDA.md), so fp32
