@@ -220,7 +220,7 @@ Problem validate(const Options& o) {
     p.scale = o.scale;
   }
   p.causal = o.causal;
-  if (o.window < 0) throw UsageError("--window must be ≥ 0 (0 = unlimited)");
+  if (o.window < 0) throw UsageError("--window must be ≥ 0 (0 = no window)");
   p.window_left = o.window_left;
   p.window_right = o.window_right;
   if (o.window > 0) {  // the causal sliding window of W keys counting the diagonal

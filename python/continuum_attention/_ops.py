@@ -191,10 +191,10 @@ def attention(
             CONTINUUM_ATTENTION_CUDA=ON).
 
     Notes:
-        Deterministic for a given ``torch.get_num_threads()`` (the library's
-        results are bitwise independent of the thread count). Inputs are
-        never written. Works under torch.compile (fullgraph), DDP and FSDP as
-        an ordinary differentiable operator. Differentiable once (the
+        Deterministic: results are bitwise independent of
+        ``torch.get_num_threads()``. Inputs are never written. An ordinary
+        differentiable operator: tested under torch.compile (fullgraph) and
+        DDP; FSDP should need nothing more but was not tested here. Differentiable once (the
         backward itself has no gradient: no create_graph / double backward).
         Cost O(B·Hq·Lq·Lk·(D + Dv)); memory O(B·Hq·Lq) besides the output.
 

@@ -53,7 +53,7 @@ Config preset(const std::string& name) {
     return c;
   }
   if (name == "paper") {
-    // MATH.md §9: 6 layers, d_model 256, 8 heads, about 5 M parameters.
+    // MATH.md §9: 6 layers, about 5 M parameters (d_model 256, 8 heads: our choice).
     c.n_layer = 6; c.d_model = 256; c.n_head = 8; c.context = 192;
     c.batch_size = 32; c.steps = 20000; c.lr = 1e-3; c.warmup_steps = 500;
     c.eval_every = 1000; c.eval_bytes = 262144;

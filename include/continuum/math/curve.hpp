@@ -98,7 +98,7 @@ CONTINUUM_HOST_DEVICE inline T segment_weight_dy(T x, T y) {
 }
 
 /// ∂w/∂x(x, y) = ∫_0^1 (1-u)² e^{(1-u)x + uy} du = e^{max} ν2(-δ) if x ≥ y,
-/// e^{max} μ2(-δ) if x < y. MATH.md §5 gives it as w - ∂w/∂y; that difference
+/// e^{max} μ2(-δ) if x < y. The shift identity w - ∂w/∂y (MATH.md §5 [choice])
 /// cancels in the far case (μ1 - κ = μ2: terms ~1/δ², result ~2/δ³, so about
 /// log2(δ/2) bits are lost; test_curve.cpp measures it), so it is evaluated
 /// directly.

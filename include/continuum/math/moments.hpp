@@ -10,8 +10,8 @@
 //   kappa(a) = ∫_0^1 u(1-u) e^{au} du     = (b - 2 + (b + 2) e^{-b})/b³  = mu1 - mu2
 //   nu2(a)   = ∫_0^1 (1-u)² e^{au} du     = (b² - 2b + 2 - 2e^{-b})/b³  = nu - kappa
 //
-// mu2 and nu2 are not in MATH.md §5's table: they are ∂w/∂x of a segment weight.
-// MATH.md §5 writes ∂w/∂x = w - ∂w/∂y, which for the far weight is μ1 - κ = μ2:
+// mu2 and nu2 are ∂w/∂x of a segment weight (MATH.md §5). The shift identity
+// ∂w/∂x = w - ∂w/∂y (§5 [choice]) gives, for the far weight, μ1 - κ = μ2:
 // each term ~1/b², the difference ~2/b³, so the subtraction loses log2(b/2)
 // bits (all of them as b → ∞; tests/unit/test_curve.cpp measures it). We
 // evaluate μ2 and ν2 directly instead.
@@ -191,8 +191,8 @@ CONTINUUM_HOST_DEVICE inline T mu0(T a) { return T(detail::mu0(double(a))); }
 template <class T>
 CONTINUUM_HOST_DEVICE inline T mu1(T a) { return T(detail::mu1(double(a))); }
 
-/// μ2(a) = ∫_0^1 u² e^{au} du: ∂w/∂x of the far segment weight (not in MATH.md §5's
-/// table, see the header comment). μ2(±0) = 1/3, μ2(-∞) = 0, ~2/|a|³; NaN → NaN.
+/// μ2(a) = ∫_0^1 u² e^{au} du: ∂w/∂x of the far segment weight (MATH.md §5,
+/// evaluated directly: see the header comment). μ2(±0) = 1/3, μ2(-∞) = 0, ~2/|a|³; NaN → NaN.
 template <class T>
 CONTINUUM_HOST_DEVICE inline T mu2(T a) { return T(detail::mu2(double(a))); }
 

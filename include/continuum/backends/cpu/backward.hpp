@@ -497,7 +497,7 @@ void backward(const BackwardArgs<T>& a, const AttentionShape& sh, double scale) 
     });
   }
 
-  // dτ in the temperature's shape, summed in a fixed order (MATH.md §8).
+  // dτ in the temperature's shape, summed in a fixed order (MATH.md §8 shapes, §10 determinism).
   if (a.grad_temperature) {
     switch (a.temperature.shape) {
       case TemperatureShape::per_query:

@@ -1176,7 +1176,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
 }
 
 /// dτ in the temperature's shape from per-row values -(1/τ_i) Σ_j dS_ij s_ij,
-/// summed in a fixed order (MATH.md §8).
+/// summed in a fixed order (MATH.md §8 shapes, §10 determinism).
 template <class T>
 void write_grad_temperature(const BackwardArgs<T>& a, const std::vector<double>& dtau_rows) {
   const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq;

@@ -20,12 +20,12 @@
 // atomics, bitwise reproducible (bug case W07). The score tile carries the
 // one-column halo on both sides, since dS_ij reads s and dP at j-1, j, j+1.
 //
-// Dl is not formed as dO_i·o_i (MATH.md §6's first form). Where P is concentrated
+// Dl is not formed as dO_i·o_i (MATH.md §6, "the row term without cancellation"). Where P is concentrated
 // (tiny τ, bug case W12) Dl_i ≈ dP_i,ref, so dP_ij − Dl_i cancels to O(τ) at
 // the reference key, and the o read back is rounded to the storage type: its
 // error ε·|dO||o| swamps dS ~ τ² (W12, float, τ = 1e-3: dQ off by 44 times
 // its size). Instead, as the CPU backend does (cpu/backward.hpp), Dl = Σ_j P_ij
-// dP_ij (MATH.md §6's second form) is taken relative to the reference key, so
+// dP_ij (MATH.md §6) is taken relative to the reference key, so
 // neither the forward's o nor its lse is read. With t = s − m (the stencil is
 // homogeneous: α(s)/Z = α(t)/Z̃), for j ≠ ref
 //   dS_ij = [(h_ij − dl_i) ∂α_j/∂s_j(t) + (h_i,j-1 − dl_i) κ-coupling(t_{j-1}, t_j)
@@ -391,7 +391,7 @@ CONTINUUM_DEVICE void dq_body(const KernelParams<E, A>& p) {
     if (p.row_dtau != nullptr) {
       for (int r = tid; r < bm; r += nt) {
         const index_t i = i0 + r;
-        // dτ_i = -(1/τ_i) Σ_j dS_ij s_ij (MATH.md §8); 1/τ_i = c_i / scale.
+        // dτ_i = -(1/τ_i) Σ_j dS_ij s_ij (MATH.md §6); 1/τ_i = c_i / scale.
         if (i < p.Lq) p.row_dtau[bh * p.Lq + i] = -(sh.c[r] / p.scale) * sh.dtau[r];
       }
     }
