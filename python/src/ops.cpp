@@ -295,15 +295,6 @@ ce::Common raw_common(const Tensor& q, const Options& o) {
   return c;
 }
 
-template <class F>
-void call_cuda(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    TORCH_CHECK_VALUE(false, e.what());
-  }
-}
-
 std::tuple<Tensor, Tensor> forward_cuda(const Tensor& query, const Tensor& key, const Tensor& value,
                                         c10::string_view kernel, bool causal, int64_t window_left,
                                         int64_t window_right,
@@ -326,7 +317,7 @@ std::tuple<Tensor, Tensor> forward_cuda(const Tensor& query, const Tensor& key, 
   f.value = raw_view(value);
   f.out = raw_view(out);
   f.lse = lse.data_ptr<float>();
-  call_cuda([&] { ce::forward(f); });
+  call_library([&] { ce::forward(f); });
   return {out, lse};
 }
 
@@ -365,7 +356,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cuda(
   b.grad_value = raw_view(dv);
   b.lse = lse_c.data_ptr<float>();
   b.grad_temperature = o.temperature.defined() ? dt.data_ptr<float>() : nullptr;
-  call_cuda([&] { ce::backward(b); });
+  call_library([&] { ce::backward(b); });
   return {dq, dk, dv, dt};
 }
 #endif  // CONTINUUM_ATTENTION_WITH_CUDA
