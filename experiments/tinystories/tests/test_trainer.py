@@ -1,0 +1,217 @@
+"""The PyTorch trainer of the experiment: protocol, metric, statistics, checkpoints."""
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy import stats
+
+import analysis
+from config import Config, preset
+from data import BatchSampler, eval_windows, load_slice
+from model import Decoder
+from train import evaluate, load_checkpoint, save_checkpoint, train
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MAIN = os.path.join(os.path.dirname(HERE), "main.py")
+
+
+def small(kernel="continuum", **kw):
+    c = dataclasses.replace(preset("smoke"), attention=kernel, **kw)
+    return c.validate()
+
+
+def test_shared_parameters_start_equal_and_kernel_parameters_start_at_tau():
+    models = {k: Decoder(small(k, learn_temperature=True)) for k in ("continuum", "softmax", "focal")}
+    for m in models.values():
+        m.init_weights(3)
+    ref = dict(models["continuum"].named_parameters())
+    for k, m in models.items():
+        for name, p in m.named_parameters():
+            if name in ref and "temperature" not in name:
+                assert torch.equal(p, ref[name]), (k, name)
+    f = models["focal"].h[0].attn.focal
+    assert torch.all(f.weight == 0) and math.isclose(f.bias.item(), 0.3, rel_tol=1e-7)
+    assert math.isclose(models["softmax"].h[0].attn.log_temperature.exp().item(), 0.3, rel_tol=1e-6)
+    other = Decoder(small())
+    other.init_weights(4)
+    assert not torch.equal(other.wte, ref["wte"])
+
+
+def test_batch_order_depends_on_the_seed_only(text_file):
+    data = load_slice(text_file).data
+    a, b = BatchSampler(data, 32, 4, seed=1), BatchSampler(data, 32, 4, seed=1)
+    for _ in range(3):
+        xa, ya = a.next()
+        xb, yb = b.next()
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+        assert torch.equal(xa[:, 1:], ya[:, :-1])  # targets are the next bytes
+    assert not torch.equal(BatchSampler(data, 32, 4, seed=2).next()[0], xa)
+
+
+@pytest.mark.parametrize("n,ctx", [(2, 4), (10, 3), (10, 9), (10, 10), (193, 192), (1000, 192)])
+def test_eval_windows_cover_every_prediction_once(n, ctx):
+    covered = []
+    for b, L in eval_windows(n, ctx):
+        assert 1 <= L <= ctx
+        covered += range(b + 1, b + L + 1)  # predicted byte indices
+    assert covered == list(range(1, n))
+
+
+def test_evaluate_is_the_mean_nll_over_all_predictions(text_file):
+    torch.manual_seed(0)
+    m = Decoder(small())
+    m.init_weights(0)
+    data = load_slice(text_file).data[:101]  # 100 predictions: windows 32+32+32+4
+    got = evaluate(m, data)
+    with torch.no_grad():
+        nll = []
+        for b, L in eval_windows(101, 32):
+            idx = data[b:b + L + 1].long()[None]
+            nll.append(F.cross_entropy(m(idx[:, :-1])[0], idx[0, 1:], reduction="none"))
+        want = torch.cat(nll).double().mean().item()
+    assert got["bytes"] == 100
+    assert abs(got["nats_per_byte"] - want) <= 1e-6 * want
+
+
+def test_slices_and_errors(tmp_path, text_file):
+    s = load_slice(f"{text_file}:0:0.5+{text_file}:0.5:1")
+    assert torch.equal(s.data, load_slice(text_file).data)
+    with pytest.raises(ValueError, match="bad range"):
+        load_slice(f"{text_file}:0.6:0.5")
+    with pytest.raises(ValueError, match="cannot read"):
+        load_slice(str(tmp_path / "missing.txt"))
+    with pytest.raises(ValueError, match="directory"):
+        load_slice(str(tmp_path))
+    with pytest.raises(ValueError, match="multiple of n_head"):
+        small(d_model=33)
+    with pytest.raises(ValueError, match="temperature"):
+        small(temperature=0.0)
+
+
+def test_focal_learns_its_per_token_temperature():
+    m = Decoder(small("focal"))
+    m.init_weights(0)
+    x = torch.randint(0, 256, (2, 16))
+    F.cross_entropy(m(x).reshape(-1, 256), torch.randint(0, 256, (32,))).backward()
+    g = m.h[0].attn.focal
+    assert g.weight.grad.abs().sum() > 0 and g.bias.grad.abs() > 0
+
+
+def test_train_writes_checkpoint_and_result_and_is_reproducible(tmp_path, text_file):
+    cfg = small(steps=12, eval_every=6, eval_bytes=512)
+    sel, test = load_slice(f"{text_file}:0:0.1"), [load_slice(f"{text_file}:0.1:0.2")]
+    tr = load_slice(f"{text_file}:0.2:1")
+    r1 = train(cfg, tr, sel, test, str(tmp_path / "a"), progress=False)
+    r2 = train(dataclasses.replace(cfg), tr, sel, test, str(tmp_path / "b"), progress=False)
+    assert r1["eval"] == r2["eval"]  # bitwise: same seed, same thread count
+    assert [p["step"] for p in r1["curve"]] == [0, 6, 12]
+    on_disk = json.loads((tmp_path / "a" / "result.json").read_text())
+    assert on_disk["eval"] == r1["eval"] and on_disk["config"]["attention"] == "continuum"
+    m = load_checkpoint(str(tmp_path / "a" / "model.safetensors"))
+    assert evaluate(m, test[0].data) == r1["eval"][test[0].label]
+    assert not [p for p in os.listdir(tmp_path / "a") if p.startswith(".tmp")]
+
+
+def test_checkpoint_format_is_what_continuum_lm_reads(tmp_path):
+    from safetensors import safe_open
+    m = Decoder(small("focal"))
+    m.init_weights(0)
+    save_checkpoint(m, str(tmp_path / "m.safetensors"))
+    with safe_open(str(tmp_path / "m.safetensors"), "pt") as f:
+        meta, names = f.metadata(), set(f.keys())
+        assert f.get_tensor("h.0.attn.c_attn.weight").shape == (32, 96)  # [in, out]
+    assert meta["format"] == "continuum-lm" and json.loads(meta["config"])["attention"] == "focal"
+    assert {"wte", "wpe", "ln_f.weight", "h.1.mlp.c_proj.bias", "h.0.attn.focal.weight",
+            "h.0.attn.focal.bias"} <= names
+    bad = tmp_path / "bad.safetensors"
+    from safetensors.torch import save_file
+    save_file({"x": torch.zeros(1)}, str(bad))
+    with pytest.raises(ValueError, match="not a continuum-lm checkpoint"):
+        load_checkpoint(str(bad))
+
+
+def fake_run(tmp_path, kernel, seed, nll):
+    d = tmp_path / f"{kernel}_{seed}"
+    d.mkdir()
+    cfg = preset("cpu").to_dict()
+    cfg.update(attention=kernel, seed=seed)
+    (d / "result.json").write_text(json.dumps({
+        "config": cfg, "kernel": kernel, "seed": seed, "select": "sel", "tests": ["t"],
+        "eval": {"sel": {"nats_per_byte": nll + 1}, "t": {"nats_per_byte": nll}},
+        "time": {"train_seconds": 10.0, "tokens_per_second": 100.0}, "curve": []}))
+
+
+def test_compare_paired_statistics(tmp_path):
+    ca = [2.10, 2.12, 2.08, 2.15]
+    sm = [2.13, 2.11, 2.12, 2.20]
+    for s, (a, b) in enumerate(zip(ca, sm)):
+        fake_run(tmp_path, "continuum", s, a)
+        fake_run(tmp_path, "softmax", s, b)
+    (table,) = analysis.compare([str(tmp_path)]).values()
+    p = table["slices"]["t"]["paired"]["continuum - softmax"]
+    d = np.array(ca) - np.array(sm)
+    lo, hi = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+    assert p["mean"] == pytest.approx(d.mean(), abs=1e-12)
+    assert p["ci95"] == pytest.approx([lo, hi], abs=1e-12)
+    assert p["won"] == 3 and p["n"] == 4
+    assert table["slices"]["t"]["kernels"]["softmax"]["sd"] == pytest.approx(np.std(sm, ddof=1))
+    text = analysis.write_compare([str(tmp_path)], str(tmp_path / "cmp"))
+    assert "continuum - softmax" in text and (tmp_path / "cmp.csv").exists()
+
+
+def run_main(*args, env=None, **kw):
+    return subprocess.run([sys.executable, MAIN, *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, **kw)
+
+
+def test_sweep_resumes_and_cli_errors(tmp_path, text_file):
+    common = ["--preset", "smoke", "--steps", "4", "--eval-every", "0", "--train", f"{text_file}:0.2:1",
+              "--select", f"{text_file}:0:0.05", "--test", f"{text_file}:0.05:0.1"]
+    r = run_main("sweep", *common, "--kernels", "continuum,softmax", "--seeds", "0", "--out",
+                 str(tmp_path / "s"))
+    assert r.returncode == 0, r.stderr
+    assert "continuum - softmax" in r.stdout
+    r = run_main("sweep", *common, "--kernels", "continuum,softmax", "--seeds", "0", "--out",
+                 str(tmp_path / "s"))
+    assert r.returncode == 0 and "2 already finished, 0 to go" in r.stdout
+    r = run_main("train", *common, "--temperature", "-1", "--out", str(tmp_path / "x"))
+    assert r.returncode != 0 and "temperature must be finite and > 0" in r.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_ddp_two_processes_match_one(tmp_path, text_file):
+    """torchrun --nproc-per-node 2 (gloo): the global batch split over two
+    ranks gives the same model as one process, up to the order of the
+    gradient sum (float32 rounding over a few steps). The key part of
+    c_attn.bias is left out: adding one vector to every key shifts each score
+    row by a constant, so its exact gradient is 0 and AdamW turns the rounding
+    noise it gets into lr-sized steps of either sign."""
+    common = ["train", "--preset", "smoke", "--steps", "5", "--eval-every", "0", "--threads", "1",
+              "--train", f"{text_file}:0.2:1", "--select", f"{text_file}:0:0.02",
+              "--test", f"{text_file}:0.02:0.04", "--no-progress"]
+    r1 = run_main(*common, "--out", str(tmp_path / "one"))
+    assert r1.returncode == 0, r1.stderr
+    r2 = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                         "--nproc-per-node", "2", MAIN, *common, "--out", str(tmp_path / "two")],
+                        capture_output=True, text=True)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    a = load_checkpoint(str(tmp_path / "one" / "model.safetensors")).state_dict()
+    b = load_checkpoint(str(tmp_path / "two" / "model.safetensors")).state_dict()
+    C = a["wte"].shape[1]
+    for k in a:
+        x, y = a[k], b[k]
+        if k.endswith("c_attn.bias"):
+            x, y = torch.cat([x[:C], x[2 * C:]]), torch.cat([y[:C], y[2 * C:]])
+        assert (x - y).abs().max().item() <= 1e-4 * x.abs().max().item(), k
+    e1 = json.loads((tmp_path / "one" / "result.json").read_text())["eval"]
+    e2 = json.loads((tmp_path / "two" / "result.json").read_text())["eval"]
+    for sl in e1:
+        assert abs(e1[sl]["nats_per_byte"] - e2[sl]["nats_per_byte"]) <= 1e-5 * e1[sl]["nats_per_byte"]
+    assert json.loads((tmp_path / "two" / "result.json").read_text())["time"]["processes"] == 2
