@@ -131,8 +131,8 @@ struct Layout {
     }
     lnf_g = add("ln_f.weight", {C});
     lnf_b = add("ln_f.bias", {C});
-    // Kernel-specific parameters last (the order in which a trainer creates
-    // them; a checkpoint's names, not its order, are what is checked).
+    // Kernel-specific parameters last. A checkpoint's tensors are matched by
+    // name; their order in the file does not matter.
     for (int l = 0; l < c.n_layer; ++l) {
       const std::string p = "h." + std::to_string(l) + ".attn.";
       if (c.focal_learned()) {
