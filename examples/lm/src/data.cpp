@@ -1,6 +1,10 @@
 #include "data.hpp"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -47,6 +51,12 @@ TextSlice load_slice(const std::string& spec) {
       s.to = b;
     }
   }
+  struct stat st {};
+  if (::stat(s.path.c_str(), &st) != 0)
+    throw std::runtime_error("data: cannot open '" + s.path + "': " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    throw std::runtime_error("data: '" + s.path + "' is not a regular file" +
+                             (S_ISDIR(st.st_mode) ? " (a folder)" : ""));
   std::ifstream in(s.path, std::ios::binary);
   if (!in) throw std::runtime_error("data: cannot open '" + s.path + "'");
   std::vector<std::uint8_t> all((std::istreambuf_iterator<char>(in)),
@@ -61,26 +71,6 @@ TextSlice load_slice(const std::string& spec) {
                              "-byte file is empty");
   s.bytes.assign(all.begin() + std::ptrdiff_t(s.begin), all.begin() + std::ptrdiff_t(s.end));
   return s;
-}
-
-BatchSampler::BatchSampler(const std::vector<std::uint8_t>& data, int context, int batch,
-                           std::uint64_t seed)
-    : data_(data), context_(context), batch_(batch), rng_(seed, /*stream=*/2) {
-  if (data.size() < std::size_t(context) + 1)
-    throw std::runtime_error("data: the training text has " + std::to_string(data.size()) +
-                             " bytes, fewer than context + 1 = " +
-                             std::to_string(context + 1));
-}
-
-void BatchSampler::next(std::uint8_t* inputs, std::uint8_t* targets) {
-  const std::uint64_t span = data_.size() - std::uint64_t(context_);  // offsets [0, span)
-  for (int b = 0; b < batch_; ++b) {
-    const std::uint64_t o = rng_.below(span);
-    for (int t = 0; t < context_; ++t) {
-      inputs[std::size_t(b) * context_ + t] = data_[o + t];
-      targets[std::size_t(b) * context_ + t] = data_[o + t + 1];
-    }
-  }
 }
 
 std::vector<EvalWindow> eval_windows(std::uint64_t n, int context, int stride) {

@@ -1,12 +1,10 @@
 // data.hpp — text files as bytes (vocabulary 256), byte-range slices of a file,
-// the seeded training batch sampler, and the evaluation windows.
+// and the evaluation windows (README.md, "The metric").
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include "rng.hpp"
 
 namespace lm {
 
@@ -26,21 +24,6 @@ struct TextSlice {
 /// unreadable file, an empty file or slice, or a malformed range.
 TextSlice load_slice(const std::string& spec);
 
-/// Random training windows: B offsets uniform in [0, n − L − 1] per step, from a
-/// stream seeded by `seed` only (so every attention kernel sees the same batches).
-class BatchSampler {
- public:
-  BatchSampler(const std::vector<std::uint8_t>& data, int context, int batch,
-               std::uint64_t seed);
-  /// Fills inputs and targets, each [batch · context].
-  void next(std::uint8_t* inputs, std::uint8_t* targets);
-
- private:
-  const std::vector<std::uint8_t>& data_;
-  int context_, batch_;
-  Rng rng_;
-};
-
 /// One evaluation window: inputs [begin, begin + len), targets shifted by one;
 /// only the last `scored` positions count (sliding windows).
 struct EvalWindow {
@@ -48,10 +31,14 @@ struct EvalWindow {
   int len, scored;
 };
 
-/// Windows scoring every byte after the first exactly once: stride = context
-/// gives non-overlapping windows; a smaller stride gives sliding windows in
-/// which each window scores only its last `stride` targets (the first window
-/// scores all of its targets).
+/// Windows scoring every byte after the first exactly once, for a text of
+/// n_bytes bytes: window k starts at byte k·stride and holds
+/// len = min(context, n − 1 − begin) inputs; it stops after the first window
+/// that reaches the last input byte n − 2. stride = context (or 0, or any
+/// value outside [1, context]) gives non-overlapping windows, each scoring all
+/// of its len targets; a smaller stride gives sliding windows in which every
+/// window but the first scores only the targets past the previous window's
+/// end. Empty for n_bytes < 2.
 std::vector<EvalWindow> eval_windows(std::uint64_t n_bytes, int context, int stride);
 
 }  // namespace lm

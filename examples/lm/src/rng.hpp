@@ -1,5 +1,5 @@
 // rng.hpp — a small, portable, seeded random source (SplitMix64 + Box–Muller),
-// so initialisation and batch order are the same on every standard library.
+// the same on every standard library: generate's sampling, the tests' weights.
 #pragma once
 
 #include <cmath>

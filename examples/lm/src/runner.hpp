@@ -1,7 +1,7 @@
-// runner.hpp — what the subcommands do: train a run, evaluate, compare
-// finished runs, sweep a grid, generate text, plot. Each function throws
-// std::exception with a clear message on bad input; main() turns it into a
-// non-zero exit.
+// runner.hpp — what the subcommands do: load a checkpoint, evaluate it on
+// text, compute one window's logits, generate text with the KV cache. Each
+// function throws std::exception with a clear message on bad input; main()
+// turns it into a non-zero exit.
 #pragma once
 
 #include <cstdint>
@@ -22,57 +22,41 @@ struct EvalResult {
   double nats_per_byte = 0;
 };
 
-/// Mean NLL in nats/byte over every byte of `bytes` after the first, in
-/// windows of cfg.context (stride = cfg.stride, 0 = non-overlapping);
-/// `max_bytes` > 0 evaluates only that prefix.
-EvalResult evaluate(Model<float>& model, const std::vector<std::uint8_t>& bytes,
-                    std::uint64_t max_bytes = 0);
-
-/// Byte-unigram entropy of `bytes` in nats (the loss of the best model that
-/// ignores context) — the bar the smoke test must beat.
-double unigram_entropy(const std::vector<std::uint8_t>& bytes);
-
-struct TrainSpec {
-  Config cfg;
-  std::string train;                ///< training text spec (see load_slice)
-  std::vector<std::string> valid;   ///< validation slice specs
-  std::string out_dir;              ///< result.json, train_log.jsonl, model.safetensors
-  bool save_checkpoint = true;
-  bool progress = true;             ///< progress line / log lines on stderr
+/// Evaluation settings (not part of a checkpoint).
+struct EvalOptions {
+  int stride = 0;      ///< 0 = context: non-overlapping windows
+  int eval_batch = 16; ///< windows of equal length per forward pass
 };
 
-/// Trains one run, evaluates it on every validation slice and writes
-/// out_dir/result.json (atomically). Returns the result.
-nlohmann::json train_run(const TrainSpec& spec);
+/// Mean NLL in nats/byte over every byte of `bytes` after the first, in the
+/// windows of eval_windows(bytes.size(), context, stride) (README.md, "The
+/// metric"). Throws std::invalid_argument for fewer than 2 bytes.
+EvalResult evaluate(Model<float>& model, const std::vector<std::uint8_t>& bytes,
+                    const EvalOptions& opt = {});
 
-/// Checkpoints: all parameters (F32) plus the config in __metadata__.
+/// Checkpoints: all parameters (F32), `__metadata__` {"format": "continuum-lm",
+/// "config": the architecture keys as a JSON string, "run": `extra` if given}.
+/// The writer is the tests' (the PyTorch trainer writes the real ones).
 void save_checkpoint(const std::string& path, const Model<float>& model,
                      const nlohmann::json& extra = {});
-/// Loads and validates a checkpoint against the config stored in it.
+/// Loads and validates a checkpoint (README.md, "Checkpoint format"): the
+/// safetensors container, the format tag, the config's architecture keys,
+/// every tensor's name and shape against that config, finite values — all
+/// before the model is allocated. Errors name the file.
 Model<float> load_checkpoint(const std::string& path);
 
-/// Reads every result.json under `dirs` (recursively) and builds the paper
-/// table: per setting and validation slice, mean ± sd per kernel and paired
-/// differences continuum − softmax and continuum − focal with a Student-t
-/// 95 % CI over seeds and seeds won.
-nlohmann::json compare_runs(const std::vector<std::string>& dirs);
-/// Formats compare_runs' output as text, or as CSV rows.
-std::string format_table(const nlohmann::json& cmp);
-std::string format_csv(const nlohmann::json& cmp);
+/// The logits [L, 256] of one window: the first L = min(context, size) bytes
+/// of `bytes` at positions 0 … L−1 (row t predicts byte t+1).
+Mat<float> window_logits(Model<float>& model, const std::vector<std::uint8_t>& bytes);
 
-/// Two-sided 95 % Student t quantile t_{0.975, df} (table; df ≥ 1).
-double t_quantile_975(int df);
-
-/// Text generation with the KV cache.
+/// Text generation with the KV cache: the prompt is encoded into the cache,
+/// then each new byte is one decode step (Lq = 1) against it. When the cache
+/// is full, its last context/2 bytes are re-encoded into an empty cache.
+/// sample_temperature 0 = greedy; top_k 0 = all 256 bytes.
 std::string generate(Model<float>& model, const std::string& prompt, int n_bytes,
                      double sample_temperature, int top_k, std::uint64_t seed);
 
-/// gnuplot PNGs. Return false (with a message on stderr) if gnuplot is missing.
-bool plot_curves(const std::vector<std::string>& dirs, const std::string& png);
-bool plot_attention(const std::string& continuum_ckpt, const std::string& softmax_ckpt,
-                    const std::string& text, int layer, int head, const std::string& png);
-
-/// Sets OpenMP's and Eigen's thread count (0 = leave the default).
+/// Sets OpenMP's thread count (0 = leave the default); Eigen stays single-threaded.
 void set_threads(int n);
 
 }  // namespace lm
