@@ -64,9 +64,7 @@ def problem(case, kernel):
 
 
 def run(ins, kw, do, compute=None):
-    out, lse = ca.attention(*ins[:3], return_lse=True, compute=compute,
-                            **{n: v for n, v in kw.items() if n != "temperature"},
-                            temperature=kw.get("temperature", 1.0))
+    out, lse = ca.attention(*ins[:3], return_lse=True, compute=compute, **kw)
     grads = torch.autograd.grad(out, ins, do.to(out.dtype))
     return [out.detach(), lse.detach()] + list(grads)
 
