@@ -4,9 +4,11 @@ torch.nn.functional.scaled_dot_product_attention on the CPU.
 
 Runs, in one process, at batch 1, 8 heads, seq 2048, head_dim 64 (--heads,
 --seq, --dim): forward and forward + backward, full and causal, our
-continuum and softmax kernels in float32, SDPA in float32 and bfloat16 (ours
-has no 16-bit CPU storage), and prints each time with the ratio SDPA fp32 /
-ours (> 1: ours is faster). Then the per-call overhead at batch 1, 1 head,
+continuum and softmax kernels in float32 (the default compute: float32
+arithmetic, the tiled kernels; with --exact also compute="float64", the
+exact kernels), SDPA in float32 and bfloat16 (ours has no 16-bit CPU
+storage), and prints each time with the ratio SDPA fp32 / ours (> 1: ours
+is faster). Then the per-call overhead at batch 1, 1 head,
 seq 64, head_dim 32: the time of one small forward (and forward + backward)
 call of each, and the dispatch floor at seq 1, head_dim 1, where only the
 Python wrapper, the dispatcher, autograd and argument checks remain.
@@ -67,20 +69,29 @@ def make_inputs(B, H, L, D, dtype, seed=0):
     return q, k, v, do
 
 
-def cases(B, H, L, D):
+def cases(B, H, L, D, exact=False):
     """name -> (dtype, function of (q, k, v, causal))."""
-    return {
+    c = {
         "continuum fp32": (torch.float32, lambda q, k, v, c: ca.attention(q, k, v, causal=c)),
         "softmax (ours) fp32": (torch.float32,
                                 lambda q, k, v, c: ca.attention(q, k, v, kernel="softmax", causal=c)),
-        "SDPA fp32": (torch.float32, lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c)),
-        "SDPA bf16": (torch.bfloat16, lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c)),
     }
+    if exact:
+        c["continuum fp32 compute=float64"] = (
+            torch.float32, lambda q, k, v, c: ca.attention(q, k, v, causal=c, compute="float64"))
+        c["softmax (ours) fp32 compute=float64"] = (
+            torch.float32,
+            lambda q, k, v, c: ca.attention(q, k, v, kernel="softmax", causal=c, compute="float64"))
+    c["SDPA fp32"] = (torch.float32,
+                      lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c))
+    c["SDPA bf16"] = (torch.bfloat16,
+                      lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c))
+    return c
 
 
-def run(B, H, L, D, reps, warmup, backward_too=True):
+def run(B, H, L, D, reps, warmup, backward_too=True, exact=False):
     results = {}
-    for name, (dtype, f) in cases(B, H, L, D).items():
+    for name, (dtype, f) in cases(B, H, L, D, exact).items():
         q, k, v, do = make_inputs(B, H, L, D, dtype)
         for causal in (False, True):
             with torch.no_grad():
@@ -118,6 +129,8 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--exact", action="store_true",
+                    help='also time compute="float64" (the exact kernels) at the main shape')
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     model, isa = cpu_description()
@@ -127,7 +140,7 @@ def main():
     print(f"torch {torch.__version__}, continuum_attention {ca.__version__}; "
           f"medians of {a.reps} after {a.warmup} warm-up; ratio = SDPA fp32 time / this time")
     print(f"\nbatch 1, {a.heads} heads, seq {a.seq}, head_dim {a.dim}:")
-    print_table(run(1, a.heads, a.seq, a.dim, a.reps, a.warmup), "ms", 1e3)
+    print_table(run(1, a.heads, a.seq, a.dim, a.reps, a.warmup, exact=a.exact), "ms", 1e3)
     print("\nper-call overhead, batch 1, 1 head, seq 64, head_dim 32 (medians of 200):")
     print_table(run(1, 1, 64, 32, 200, 20), "us", 1e6)
     print("\ndispatch floor, batch 1, 1 head, seq 1, head_dim 1 (no arithmetic to speak of; medians of 200):")

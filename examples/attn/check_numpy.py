@@ -16,6 +16,12 @@ dV = P^T dO (MATH.md §6) when IN/do.npy and OUT/dv.npy exist, and prints the
 largest absolute differences. Supports 2-D and 4-D inputs, GQA, causal
 (bottom-right) and window; a scalar or per-head/per-query .npy temperature;
 not explicit ranges. Exits 1 if any difference exceeds --tol.
+
+The default --tol (1e-10) is for float64 inputs. float32 inputs compute in
+float32 by default (continuum-attn's tiled kernels; differences ~1e-6 of the
+largest value) and in float64 with `--compute float64` (~1e-7: one float32
+rounding, plus the temperature's rounding to float32): pass --tol 1e-5 for
+either. The NumPy evaluation takes the temperature in float64 as given.
 """
 import argparse
 import os

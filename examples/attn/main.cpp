@@ -9,7 +9,14 @@
 // (natural log of the normaliser Z, MATH.md §4–5; -inf for an empty row) and,
 // with --do, dq.npy, dk.npy, dv.npy (the shapes of q, k, v) and dtemp.npy
 // (the shape of the temperature: () for a scalar, [Hq], or [B, Hq, Lq]).
-// Outputs are written in the compute dtype (the inputs' dtype unless --dtype)
+// The inputs are converted to the storage dtype (the inputs' own unless
+// --dtype); --compute picks the arithmetic: by default the storage type's own
+// (float32 storage: the library's tiled kernels in float, float_arithmetic =
+// true; float64: the exact kernels in double), --compute float64 the exact
+// double-compute kernels for either storage type (double arithmetic, rounded
+// to the storage type at the end), --compute float32 float arithmetic
+// (float32 storage only: with float64 storage it is a usage error). --probs
+// makes the forward take the exact kernels (the tiled ones do not form P). Outputs are written in the storage dtype
 // unless --out-dtype says otherwise. Any error: one line on stderr naming the
 // file and the problem, exit status 1 (2 for a bad command line), and no
 // output file written (all outputs go to temporary names and are renamed into
@@ -55,7 +62,7 @@ struct Options {
   index_t window = 0;                          // --window W: (W - 1, 0); 0 = none
   index_t window_left = -1, window_right = -1;  // negative = unlimited
   std::vector<std::string> ranges;
-  std::string dtype, out_dtype;
+  std::string dtype, out_dtype, compute;
   int threads = 0;
   int print_rows = 0;
   bool probs = false;
@@ -116,7 +123,8 @@ struct Problem {
   index_t window_left = -1, window_right = -1;  // MATH.md §3; negative = unlimited
   bool has_ranges = false;
   std::vector<index_t> lo, hi;
-  DType compute = DType::f64, out = DType::f64;
+  DType storage = DType::f64, out = DType::f64;
+  DType compute = DType::f64;    // the arithmetic: float (tiled kernels) or double (exact kernels)
   int threads = 0;
   bool probs = false;
 };
@@ -174,8 +182,14 @@ Problem validate(const Options& o) {
                                       " differs from " + p.q.path + "'s " +
                                       attn::dtype_name(in_dtype) + " (pass --dtype to convert)");
   }
-  p.compute = o.dtype.empty() ? in_dtype : parse_dtype(o.dtype, "--dtype");
-  p.out = o.out_dtype.empty() ? p.compute : parse_dtype(o.out_dtype, "--out-dtype");
+  p.storage = o.dtype.empty() ? in_dtype : parse_dtype(o.dtype, "--dtype");
+  p.out = o.out_dtype.empty() ? p.storage : parse_dtype(o.out_dtype, "--out-dtype");
+  p.compute = o.compute.empty() ? p.storage : parse_dtype(o.compute, "--compute");
+  if (p.compute == DType::f32 && p.storage == DType::f64)
+    throw UsageError(std::string("--compute float32 needs float32 storage, but the storage type is float64 (") +
+                     (o.dtype.empty() ? "the inputs' dtype; pass --dtype float32 to convert them"
+                                      : "--dtype float64; use --dtype float32") +
+                     ", or leave --compute out: float64 storage computes in float64)");
 
   // Temperature: a number, or a .npy with one value, one per query head [Hq],
   // or one per query [B, Hq, Lq] ([Lq] for 2-D inputs).
@@ -292,7 +306,8 @@ void print_rows(const char* name, const std::vector<T>& x, index_t rows, index_t
   }
 }
 
-/// Runs the operator in type T and writes the outputs (returns the file list).
+/// Runs the operator on storage type T (the arithmetic: p.compute) and writes
+/// the outputs (returns the file list).
 template <class T>
 std::vector<std::string> compute(const Problem& p, const std::string& out_dir, int print) {
   const bool four = p.four_d;
@@ -327,6 +342,8 @@ std::vector<std::string> compute(const Problem& p, const std::string& out_dir, i
     args.temperature = temperature;
     args.scale = p.scale;
     args.visibility = vis;
+    // float compute = the tiled kernels; double compute = the exact kernels
+    args.float_arithmetic = p.compute == DType::f32;
     args.num_threads = p.threads;
   };
 
@@ -479,10 +496,16 @@ int main(int argc, char** argv) {
   window->excludes(left)->excludes(right);
   app.add_option("--ranges", o.ranges, "lo.npy hi.npy: per-query visible keys [lo, hi), int, [batch, seq_q]")
       ->expected(2);
-  app.add_option("--dtype", o.dtype, "compute type float32 | float64 (default: the inputs')");
-  app.add_option("--out-dtype", o.out_dtype, "output type float32 | float64 (default: the compute type)");
+  app.add_option("--dtype", o.dtype, "storage type float32 | float64 the inputs are converted to (default: the inputs')");
+  app.add_option("--compute", o.compute,
+                 "arithmetic float32 | float64 (default: the storage type's). float32: the tiled kernels, "
+                 "float32 storage only; float64: the exact kernels (double arithmetic)")
+      ->check(CLI::IsMember({"float32", "float64"}))
+      ->default_str("the storage type's");
+  app.add_option("--out-dtype", o.out_dtype, "output type float32 | float64 (default: the storage type)");
   app.add_option("--threads", o.threads, "OpenMP threads (0 = default); results do not depend on it");
-  app.add_flag("--probs", o.probs, "also write p.npy (weights P) and pi.npy (cell masses), [.., seq_q, seq_k]");
+  app.add_flag("--probs", o.probs, "also write p.npy (weights P) and pi.npy (cell masses), [.., seq_q, seq_k] "
+                                   "(the forward then runs the exact kernels)");
   app.add_option("--print", o.print_rows, "print the first N rows of lse and o (batch 0, head 0)");
   app.add_option("--make-example", make_dir, "write deterministic q/k/v/do .npy inputs to this folder and exit");
   app.add_option("--example-shape", example_shape, "batch heads seq_q seq_k head_dim for --make-example")
@@ -509,10 +532,10 @@ int main(int argc, char** argv) {
     for (auto* req : {&o.q, &o.k, &o.v, &o.out})
       if (req->empty()) throw UsageError("--q, --k, --v and --out are required (see --help)");
     const Problem p = validate(o);
-    const auto written = p.compute == DType::f32 ? compute<float>(p, o.out, o.print_rows)
+    const auto written = p.storage == DType::f32 ? compute<float>(p, o.out, o.print_rows)
                                                  : compute<double>(p, o.out, o.print_rows);
-    std::printf("continuum-attn: kernel %s, compute %s, wrote", o.kernel.c_str(),
-                attn::dtype_name(p.compute));
+    std::printf("continuum-attn: kernel %s, storage %s, compute %s, wrote", o.kernel.c_str(),
+                attn::dtype_name(p.storage), attn::dtype_name(p.compute));
     for (const auto& f : written) std::printf(" %s", f.c_str());
     std::printf(" (%s)\n", attn::dtype_name(p.out));
     return 0;

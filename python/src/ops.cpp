@@ -9,6 +9,12 @@
 // package (continuum_attention/_ops.py) adds the fake (meta) kernels and ties
 // backward to forward with torch.library.register_autograd.
 //
+// Both take a trailing `str compute="default"` (a schema default: callers that
+// stop after `scale` keep working): "default" computes in the storage type's
+// own precision (CPU float32: the tiled kernels in float; float64: the exact
+// kernels in double), "float32" in float, "float64" with the exact
+// double-compute kernels (CPU only). See parse_compute below.
+//
 // Errors: the library's std::invalid_argument (naming the argument and the
 // expected shape) and our own argument checks are raised as c10::ValueError,
 // which Python sees as ValueError. Inputs are never written.
@@ -58,6 +64,32 @@ continuum::Kernel parse_kernel(std::string_view name) {
   if (name == "focal") return continuum::Kernel::focal;
   TORCH_CHECK_VALUE(false, kWho, ": kernel must be \"continuum\", \"softmax\" or \"focal\", got \"",
                     std::string(name), "\"");
+}
+
+/// The `compute` argument of both operators: which arithmetic the kernels use.
+/// "default" is the storage type's own precision (CPU: float32 storage -> the
+/// tiled kernels in float, float_arithmetic = true; float64 storage -> the
+/// exact kernels in double); "float32" asks for float arithmetic (float32
+/// storage only on the CPU); "float64" for the exact double-compute kernels
+/// (CPU only). Returns the library's float_arithmetic for the CPU; on CUDA
+/// (float accumulation always) it validates only.
+bool parse_compute(std::string_view compute, at::ScalarType st, bool cuda) {
+  const bool is_default = compute == "default", f32 = compute == "float32",
+             f64 = compute == "float64";
+  TORCH_CHECK_VALUE(is_default || f32 || f64, kWho,
+                    ": compute must be None, \"default\", \"float32\" or \"float64\", got \"",
+                    std::string(compute), "\"");
+  if (cuda) {
+    TORCH_CHECK_VALUE(!f64, kWho,
+                      ": compute=\"float64\" is not available on CUDA (the CUDA backend "
+                      "accumulates in float32); use compute=\"default\" or \"float32\"");
+    return true;
+  }
+  TORCH_CHECK_VALUE(!(f32 && st != at::kFloat), kWho, ": compute=\"float32\" needs float32 "
+                    "storage, query is ", st, " (float64 storage computes in float64: use "
+                    "compute=\"default\" or \"float64\")");
+  if (f64) return false;
+  return st == at::kFloat;  // "default" or "float32"
 }
 
 void check_tensor(const Tensor& t, const char* name, int64_t rank, const Tensor& query) {
@@ -200,8 +232,11 @@ std::tuple<Tensor, Tensor> forward_cpu(const Tensor& query, const Tensor& key, c
                                        const std::optional<Tensor>& range_lo,
                                        const std::optional<Tensor>& range_hi,
                                        const std::optional<Tensor>& temperature,
-                                       double temperature_value, std::optional<double> scale) {
+                                       double temperature_value, std::optional<double> scale,
+                                       c10::string_view compute) {
   check_qkv(query, key, value);
+  const bool float_arithmetic = parse_compute(std::string_view(compute.data(), compute.size()),
+                                              query.scalar_type(), /*cuda=*/false);
   const Options o = make_options(query, std::string_view(kernel.data(), kernel.size()), causal,
                                  window_left, window_right, range_lo, range_hi, temperature,
                                  temperature_value, scale);
@@ -219,7 +254,8 @@ std::tuple<Tensor, Tensor> forward_cpu(const Tensor& query, const Tensor& key, c
     a.temperature = temperature_of<scalar_t>(o);
     a.scale = o.scale;
     a.visibility = o.vis;
-    a.num_threads = at::get_num_threads();  // deterministic for a given thread count
+    a.float_arithmetic = float_arithmetic;
+    a.num_threads = at::get_num_threads();  // results do not depend on it
     call_library([&] { continuum::attention_forward(continuum::cpu, a); });
   });
   return {out, lse};
@@ -230,11 +266,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(
     const Tensor& out, const Tensor& lse, c10::string_view kernel, bool causal,
     int64_t window_left, int64_t window_right, const std::optional<Tensor>& range_lo,
     const std::optional<Tensor>& range_hi, const std::optional<Tensor>& temperature,
-    double temperature_value, std::optional<double> scale) {
+    double temperature_value, std::optional<double> scale, c10::string_view compute) {
   check_qkv(query, key, value);
   check_tensor(out, "out", 4, query);
   check_tensor(grad_out_in, "grad_out", 4, query);
   check_tensor(lse, "lse", 3, query);
+  const bool float_arithmetic = parse_compute(std::string_view(compute.data(), compute.size()),
+                                              query.scalar_type(), /*cuda=*/false);
   // Autograd hands in expanded (stride-0) or transposed gradients; the library
   // needs a contiguous last axis, so make one for dO (ours, not the user's).
   const Tensor grad_out =
@@ -264,6 +302,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(
     a.temperature = temperature_of<scalar_t>(o);
     a.scale = o.scale;
     a.visibility = o.vis;
+    a.float_arithmetic = float_arithmetic;
     a.num_threads = at::get_num_threads();
     call_library([&] { continuum::attention_backward(continuum::cpu, a); });
   });
@@ -301,8 +340,10 @@ std::tuple<Tensor, Tensor> forward_cuda(const Tensor& query, const Tensor& key, 
                                         const std::optional<Tensor>& range_lo,
                                         const std::optional<Tensor>& range_hi,
                                         const std::optional<Tensor>& temperature,
-                                        double temperature_value, std::optional<double> scale) {
+                                        double temperature_value, std::optional<double> scale,
+                                        c10::string_view compute) {
   check_qkv(query, key, value, /*cuda=*/true);
+  parse_compute(std::string_view(compute.data(), compute.size()), query.scalar_type(), /*cuda=*/true);
   const c10::cuda::CUDAGuard guard(query.device());
   const Options o = make_options(query, std::string_view(kernel.data(), kernel.size()), causal,
                                  window_left, window_right, range_lo, range_hi, temperature,
@@ -326,8 +367,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cuda(
     const Tensor& out, const Tensor& lse, c10::string_view kernel, bool causal,
     int64_t window_left, int64_t window_right, const std::optional<Tensor>& range_lo,
     const std::optional<Tensor>& range_hi, const std::optional<Tensor>& temperature,
-    double temperature_value, std::optional<double> scale) {
+    double temperature_value, std::optional<double> scale, c10::string_view compute) {
   check_qkv(query, key, value, /*cuda=*/true);
+  parse_compute(std::string_view(compute.data(), compute.size()), query.scalar_type(), /*cuda=*/true);
   check_tensor(out, "out", 4, query);
   check_tensor(grad_out_in, "grad_out", 4, query);
   TORCH_CHECK_VALUE(lse.dim() == 3 && lse.scalar_type() == at::kFloat && lse.device() == query.device(),
@@ -368,12 +410,13 @@ TORCH_LIBRARY(continuum, m) {
   m.def(
       "forward(Tensor query, Tensor key, Tensor value, str kernel, bool causal, "
       "int window_left, int window_right, Tensor? range_lo, Tensor? range_hi, "
-      "Tensor? temperature, float temperature_value, float? scale) -> (Tensor, Tensor)");
+      "Tensor? temperature, float temperature_value, float? scale, str compute=\"default\") "
+      "-> (Tensor, Tensor)");
   m.def(
       "backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, Tensor lse, "
       "str kernel, bool causal, int window_left, int window_right, Tensor? range_lo, "
-      "Tensor? range_hi, Tensor? temperature, float temperature_value, float? scale) "
-      "-> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? range_hi, Tensor? temperature, float temperature_value, float? scale, "
+      "str compute=\"default\") -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(continuum, CPU, m) {

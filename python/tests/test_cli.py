@@ -1,7 +1,12 @@
 """kernel="continuum" (and the baselines) equal the C++ library called
 directly, bit for bit: the `continuum-attn` CLI built by CMake runs on the
-same .npy inputs. scripts/test sets CONTINUUM_ATTN_CLI to its path; without
-it these tests skip."""
+same .npy inputs, like with like: the same storage dtype and the same compute
+(the CLI's default is the operator's, the storage type's own precision:
+float32 -> the tiled float kernels, float64 -> the exact kernels; float32
+storage is also run with --compute float64 / compute="float64", the exact
+kernels). Both are built for the same target (-O2, no -march), which the
+tiled kernels' bits depend on. scripts/test sets CONTINUUM_ATTN_CLI to its
+path; without it these tests skip."""
 import os
 import subprocess
 
@@ -32,9 +37,12 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+MODES = [(torch.float32, None), (torch.float32, "float64"), (torch.float64, None)]
+
+
+@pytest.mark.parametrize("dtype,compute", MODES, ids=["f32", "f32-compute_float64", "f64"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
-def test_bitwise_equal_to_cli(tmp_path, case, dtype):
+def test_bitwise_equal_to_cli(tmp_path, case, dtype, compute):
     B, Hq, Hk, Lk, D, Dv = 2, 4, 2, 13, 8, 5
     Lq = case.get("lq", Lk)
     q = uniform(B, Hq, Lq, D, dtype=dtype, requires_grad=True)
@@ -42,7 +50,9 @@ def test_bitwise_equal_to_cli(tmp_path, case, dtype):
     v = uniform(B, Hk, Lk, Dv, dtype=dtype, requires_grad=True)
     do = uniform(B, Hq, Lq, Dv, dtype=dtype)
     args = [CLI, "--kernel", case["kernel"], "--out", str(tmp_path / "out"), "--threads", "1"]
-    kw = dict(kernel=case["kernel"])
+    kw = dict(kernel=case["kernel"], compute=compute)
+    if compute is not None:
+        args += ["--compute", compute]
     for n, t in (("q", q), ("k", k), ("v", v), ("do", do)):
         np.save(tmp_path / f"{n}.npy", t.detach().numpy())
         args += [f"--{n}", str(tmp_path / f"{n}.npy")]

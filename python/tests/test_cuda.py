@@ -49,3 +49,20 @@ def test_cuda_float64_raises():
     q = uniform(1, 1, 4, 8).cuda()
     with pytest.raises(ValueError, match="CUDA backend supports float32, float16 and bfloat16"):
         ca.attention(q, q, q)
+
+
+def test_cuda_compute():
+    """compute: None, "default" and "float32" are the same float-accumulating kernels;
+    "float64" is refused (ValueError), by the wrapper and by the C++ operator."""
+    q, k, v = (uniform(1, 2, 8, 16, dtype=torch.float32).cuda() for _ in range(3))
+    base = ca.attention(q, k, v, causal=True)
+    for c in ("default", "float32"):
+        assert torch.equal(ca.attention(q, k, v, causal=True, compute=c), base)
+    with pytest.raises(ValueError, match=r"compute='float64' is not available on CUDA"):
+        ca.attention(q, k, v, compute="float64")
+    with pytest.raises(ValueError, match=r"compute=\"float64\" is not available on CUDA"):
+        torch.ops.continuum.forward(q, k, v, "continuum", True, -1, -1, None, None, None, 1.0, None,
+                                    "float64")
+    torch.library.opcheck(torch.ops.continuum.forward.default,
+                          (q.requires_grad_(), k, v, "continuum", True, -1, -1, None, None, None,
+                           0.5, None, "float32"))

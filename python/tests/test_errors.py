@@ -124,3 +124,28 @@ def test_no_write_on_success():
     ca.attention(q, k, v, causal=True).sum().backward()
     for t, b in zip((q, k, v), before):
         assert torch.equal(t.detach(), b)
+
+
+def test_bad_compute():
+    raises(ValueError, r"compute must be None, 'default', 'float32' or 'float64', got 'double'",
+           lambda q, k, v: ca.attention(q, k, v, compute="double"))
+    raises(TypeError, r"compute must be None or a string, got dtype",
+           lambda q, k, v: ca.attention(q, k, v, compute=torch.float64))
+    # float64 storage has no float32 arithmetic on the CPU
+    raises(ValueError, r"compute='float32' needs float32 storage, query is torch.float64",
+           lambda q, k, v: ca.attention(q, k, v, compute="float32"))
+
+
+def test_bad_compute_direct_op():
+    """The C++ operators check `compute` too (forward and backward)."""
+    args = lambda q, k, v: (q, k, v, "continuum", False, -1, -1, None, None, None, 1.0, None)
+    raises(ValueError, r"compute must be None, \"default\", \"float32\" or \"float64\", got \"fp16\"",
+           lambda q, k, v: torch.ops.continuum.forward(*args(q, k, v), "fp16"))
+    raises(ValueError, r"compute=\"float32\" needs float32 storage, query is Double",
+           lambda q, k, v: torch.ops.continuum.forward(*args(q, k, v), "float32"))
+    q, k, v = qkv()
+    out, lse = torch.ops.continuum.forward(*args(q, k, v))
+    for bad, match in (("float16", r"compute must be None"), ("float32", r"needs float32 storage")):
+        with pytest.raises(ValueError, match=match):
+            torch.ops.continuum.backward(out, q, k, v, out, lse, "continuum", False, -1, -1, None,
+                                         None, None, 1.0, None, bad)
