@@ -20,8 +20,8 @@ class Config:
     preset: str = "cpu"
     # -- model (read by continuum-lm) --
     n_layer: int = 4
-    d_model: int = 96
-    n_head: int = 3
+    d_model: int = 64
+    n_head: int = 2
     context: int = 192
     mlp_mult: int = 4
     attention: str = "continuum"
@@ -32,7 +32,7 @@ class Config:
     focal_tau_max: float = 2.0
     # -- training (trainer only) --
     batch_size: int = 16
-    steps: int = 2500
+    steps: int = 2510
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 100
@@ -103,11 +103,14 @@ class Config:
 def preset(name: str) -> Config:
     """The named presets:
 
-    cpu   4 layers, d_model 96, 3 heads (head_dim 32), context 192: 0.49 M
-          parameters, 2,500 steps x 16 x 192 = 7.68 M training bytes per run
-          (10x the 768,000 of the C++ trainer's old `cpu` preset, about 16
-          training bytes per parameter). Sized so that 3 kernels x 5 seeds finish
-          in about 90 minutes on 2 CPU cores (docs/RESULTS.md gives the measured time).
+    cpu   4 layers, d_model 64, 2 heads (head_dim 32), context 192: 228,736
+          parameters (focal +260), 2,510 steps x 16 x 192 = 7.71 M training bytes
+          per run (10x the 768,000 of the C++ trainer's old `cpu` preset; 1.7
+          passes over the 4.5 MB of training text; 34 bytes per parameter, past
+          the ~20 tokens per parameter of a compute-optimal budget, so the runs end
+          near convergence rather than being stopped early). Sized for 3 kernels x
+          5 seeds in about 90 minutes on 2 CPU cores (sweep --jobs 2 --threads 1);
+          docs/RESULTS.md gives the measured time.
     cpu-old  the C++ trainer's old `cpu` preset (4 layers, d_model 128, 4 heads,
           250 steps x 16 x 192 = 768,000 bytes), to check that this trainer
           reproduces its numbers.
