@@ -272,10 +272,6 @@ int run(FuzzedDataProvider& in) {
   p.ranges = in.ConsumeIntegralInRange(0, 3) == 0;
   p.probs = !p.backward && in.ConsumeIntegralInRange(0, 3) == 0;
   p.float_arithmetic = in.ConsumeBool();
-  // Known, owned by the tiled kernels (backends/cpu/flash.hpp): with D = 0 or
-  // Dv = 0 they offset a null workspace pointer (UBSan). Not fuzzed there
-  // until that is fixed; remove this line then.
-  if (p.D == 0 || p.Dv == 0) p.float_arithmetic = false;
   if (std::getenv("FUZZ_NO_TILED")) p.float_arithmetic = false;
 
   const index_t rows = p.B * p.Hq * p.Lq;

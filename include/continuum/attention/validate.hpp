@@ -21,8 +21,9 @@ namespace continuum {
 struct AttentionShape {
   index_t batch = 0, heads_q = 0, heads_kv = 0, len_q = 0, len_k = 0, dim = 0, dim_v = 0;
   index_t group() const { return heads_kv > 0 ? heads_q / heads_kv : 0; }
-  /// Query rows B·Hq·Lq (validated to be at most 2^62).
-  index_t rows() const { return batch * heads_q * len_q; }
+  /// Query rows B·Hq·Lq (validated to be at most 2^62). 0 when any factor is,
+  /// tested first: B·Hq alone may overflow when Lq = 0 (a valid empty problem).
+  index_t rows() const { return batch == 0 || heads_q == 0 || len_q == 0 ? 0 : batch * heads_q * len_q; }
 };
 
 namespace detail {

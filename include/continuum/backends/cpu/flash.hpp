@@ -128,6 +128,14 @@ template <class T>
 inline void gemm(index_t M, index_t N, index_t K, const T* A, index_t sa_r, index_t sa_k, const T* B, index_t ldb,
                  T* C, index_t ldc, bool accumulate) {
   if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    // The empty sum (D = 0 or Dv = 0): C = 0, or unchanged when accumulating.
+    // A and B are then views of empty workspace matrices, whose data() is
+    // null: no offset may be formed from them (UBSan), so return before any is.
+    if (!accumulate)
+      for (index_t r = 0; r < M; ++r) std::fill(C + r * ldc, C + r * ldc + N, T(0));
+    return;
+  }
 #if defined(CONTINUUM_TILE_GEMM)
   tile_gemm<T>(M, N, K, A, sa_r, sa_k, B, ldb, C, ldc, accumulate);
 #else
@@ -691,7 +699,9 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, in
       // S[r0:r1, 1 + j] = Qs · K_tileᵀ for the tile keys j in [j0, j1) ⊇ [u0 - k0, u1 - k0).
       const index_t j0 = (u0 - k0) / kPad<T> * kPad<T>;
       const index_t j1 = std::min(round_up(u1 - k0, kPad<T>), ncp);
-      gemm<T>(r1 - r0, j1 - j0, D, ws.q.data() + r0 * D, D, 1, ws.kt.data() + j0, ncp,
+      // (D = 0: Kᵀ is empty and kt.data() null, so no offset is formed from it;
+      // gemm then writes scores 0 without reading it.)
+      gemm<T>(r1 - r0, j1 - j0, D, ws.q.data() + r0 * D, D, 1, D > 0 ? ws.kt.data() + j0 : nullptr, ncp,
               ws.s.data() + r0 * lds + 1 + j0, lds, false);
       for (index_t r = r0; r < r1; ++r) {
         const index_t lo = ws.range[r].lo, hi = ws.range[r].hi;
