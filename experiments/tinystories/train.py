@@ -214,7 +214,9 @@ def train(cfg: Config, train_data: Slice, select: Slice, tests: List[Slice], out
             "config": cfg.to_dict(),
             "kernel": cfg.attention, "seed": cfg.seed, "context": cfg.context,
             "parameters": nparams,
-            "train": {"spec": train_data.spec, "bytes": int(train_data.data.numel()),
+            # Labels (file names and fractions), not the caller's paths: results
+            # are committed and compared across machines.
+            "train": {"text": train_data.label, "bytes": int(train_data.data.numel()),
                       "train_bytes": cfg.tokens_budget,
                       "passes": cfg.tokens_budget / train_data.data.numel(),
                       "final_train_loss_last50": sum(losses[-50:]) / max(len(losses[-50:]), 1)},

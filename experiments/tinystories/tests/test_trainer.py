@@ -114,6 +114,7 @@ def test_train_writes_checkpoint_and_result_and_is_reproducible(tmp_path, text_f
     assert [p["step"] for p in r1["curve"]] == [0, 6, 12]
     on_disk = json.loads((tmp_path / "a" / "result.json").read_text())
     assert on_disk["eval"] == r1["eval"] and on_disk["config"]["attention"] == "continuum"
+    assert "/" not in on_disk["train"]["text"] and on_disk["train"]["text"] == tr.label  # no machine paths
     m = load_checkpoint(str(tmp_path / "a" / "model.safetensors"))
     assert evaluate(m, test[0].data) == r1["eval"][test[0].label]
     assert not [p for p in os.listdir(tmp_path / "a") if p.startswith(".tmp")]
