@@ -166,7 +166,7 @@ void set_common(const Problem<T>& p, const Run<T>& r, Args& a) {
   a.visibility.window_right = p.window_right;
   a.visibility.range_lo = r.template ptr<const index_t>(p, LO);
   a.visibility.range_hi = r.template ptr<const index_t>(p, HI);
-  a.float_arithmetic = p.float_arithmetic;
+  a.compute = p.float_arithmetic ? continuum::Compute::automatic : continuum::Compute::float64;
   a.num_threads = 1;
 }
 
@@ -271,8 +271,8 @@ int run(FuzzedDataProvider& in) {
   }
   p.ranges = in.ConsumeIntegralInRange(0, 3) == 0;
   p.probs = !p.backward && in.ConsumeIntegralInRange(0, 3) == 0;
-  p.float_arithmetic = in.ConsumeBool();
-  if (std::getenv("FUZZ_NO_TILED")) p.float_arithmetic = false;
+  p.compute = in.ConsumeBool() ? continuum::Compute::automatic : continuum::Compute::float64;
+  if (std::getenv("FUZZ_NO_TILED")) p.compute = continuum::Compute::float64;
 
   const index_t rows = p.B * p.Hq * p.Lq;
   Arena arena;
