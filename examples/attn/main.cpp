@@ -504,7 +504,7 @@ int main(int argc, char** argv) {
   app.add_option("--out-dtype", o.out_dtype, "output type float32 | float64 (default: the storage type)");
   app.add_option("--threads", o.threads, "OpenMP threads (0 = default); results do not depend on it");
   app.add_flag("--probs", o.probs, "also write p.npy (weights P) and pi.npy (cell masses), [.., seq_q, seq_k] "
-                                   "(the forward then runs the exact kernels)");
+                                   "(the forward then runs the row-exact kernels)");
   app.add_option("--print", o.print_rows, "print the first N rows of lse and o (batch 0, head 0)");
   app.add_option("--make-example", make_dir, "write deterministic q/k/v/do .npy inputs to this folder and exit");
   app.add_option("--example-shape", example_shape, "batch heads seq_q seq_k head_dim for --make-example")

@@ -261,7 +261,7 @@ def attention(
         element (not of each element). Use compute="float64" to check
         numbers against a float64 computation at float32 storage cost, the
         default for training and inference. float64 storage computes in
-        float64 (the exact kernels; ~1e-15 relative, the gradcheck path).
+        float64 (~1e-15 relative, the gradcheck path).
 
     Source: the mathematics is docs/MATH.md §3-§8; the kernels are
     the header-only library's continuum::attention_forward / attention_backward

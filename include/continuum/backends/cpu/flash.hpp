@@ -284,14 +284,15 @@ inline void serial_eigen_in_this_region() {
 // Which rows the tiled kernels take. They compute in T (float accumulates in
 // float), so a row needs, over the data it sees (its query, its dO, and the
 // keys and values in its visible range — nothing else):
-//  * every element finite (NaN and Inf get the exact kernels' semantics);
+//  * every element finite (NaN and Inf get the row-exact kernels' semantics);
 //  * c_i = scale / τ_i representable in T (float: tiny τ);
 //  * moderate scores: c_i ‖q_i‖ max_{j visible} ‖k_j‖ ≤ 4096, and
 //    (hi − lo + 1) · max|v| ≤ 1e30 (float) / 1e290 (double).
 // The decision is made per row, from visible data only, so what a row cannot
 // see never changes how (or by which kernel) it is computed. A row that does
-// not qualify is computed by the exact kernels on its own (the tiled pass treats
-// it as empty); when no row qualifies the whole call goes to the exact kernels.
+// not qualify is handed on (backends/cpu.hpp: float rows to these kernels in
+// double, double rows to the row-exact kernels); the tiled pass treats it as
+// empty.
 // Cost: one pass over Q, K, V (and dO), as the former whole-call scan.
 // ---------------------------------------------------------------------------
 template <class T>
@@ -666,7 +667,7 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, in
     const index_t i = i0 + r;
     ws.range[r] = row_range(a.visibility, b, i, Lq, Lk);
     // A row the tiled kernel does not take (see RowEligibility) is computed
-    // here as empty and rewritten by the exact kernel afterwards.
+    // here as empty and written by the caller's `declined` afterwards.
     if (ok && ok[(b * Hq + h) * Lq + i] != kTiled) ws.range[r] = {0, 0};
     if (ws.range[r].hi > ws.range[r].lo) {
       kmin = std::min(kmin, ws.range[r].lo);
@@ -883,7 +884,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
       ri.tau[i] = temperature_of(a.temperature, b, h, i, Hq, Lq);
       ri.c[i] = T(scale / double(ri.tau[i]));
       if (ri.range[i].hi <= ri.range[i].lo || (ok && ok[(b * Hq + h) * Lq + i] != kTiled))
-        ri.range[i] = {0, 0};  // empty (or left to the exact kernel): no contribution here
+        ri.range[i] = {0, 0};  // empty (or declined, or not in the subset): no contribution here
     }
     if (a.grad_query.data)
       for (index_t i = 0; i < Lq; ++i) {
