@@ -27,10 +27,10 @@
 // unless the name says otherwise. Wall-clock time (UseRealTime) since the
 // operator runs OpenMP threads.
 //
-// Extra mode: `bench_attention --memory_probe N D [float_arithmetic]` runs one
+// Extra mode: `bench_attention --memory_probe N D [float64]` runs one
 // causal continuum forward and one backward at batch 1, 8 heads, Lq = Lk = N,
-// head_dim D, 2 threads (float storage; double arithmetic unless the fourth
-// argument says float_arithmetic), and
+// head_dim D, 2 threads (float storage; float arithmetic, or
+// Compute::float64 when the fourth argument says float64), and
 // prints the peak-RSS growth (getrusage) beyond the allocated tensors, in MiB,
 // as JSON on stdout.
 #include <benchmark/benchmark.h>
@@ -243,7 +243,7 @@ continuum::BackwardArgs<T> backward_args(const continuum::ForwardArgs<T>& fa, Pr
   ba.temperature = fa.temperature;
   ba.visibility = fa.visibility;
   ba.num_threads = fa.num_threads;
-  ba.float_arithmetic = fa.float_arithmetic;
+  ba.compute = fa.compute;
   return ba;
 }
 
@@ -259,7 +259,7 @@ void set_counters(benchmark::State& st, double flops, double bytes, int threads)
 // The operator.
 // ---------------------------------------------------------------------------
 template <class T>
-void BM_attention(benchmark::State& st, continuum::Kernel kernel, Vis vis, bool backward, bool float_arith) {
+void BM_attention(benchmark::State& st, continuum::Kernel kernel, Vis vis, bool backward, bool float_arith /* false: Compute::float64 */) {
   const long n = st.range(0);
   const long d = st.range(1);
   const int threads = int(st.range(2));
@@ -278,7 +278,7 @@ void BM_attention(benchmark::State& st, continuum::Kernel kernel, Vis vis, bool 
   if (kernel == continuum::Kernel::focal) fa.temperature.value = T(0.4);
   fa.visibility = make_visibility(vis);
   fa.num_threads = threads;
-  fa.float_arithmetic = float_arith;
+  fa.compute = float_arith ? continuum::Compute::automatic : continuum::Compute::float64;
 
   const continuum::BackwardArgs<T> ba = backward ? backward_args(fa, p) : continuum::BackwardArgs<T>{};
 
@@ -375,11 +375,11 @@ void register_all() {
   }
   shape(benchmark::RegisterBenchmark("eigen_gemm/f64", BM_eigen<double>, false), N, D, 2);
 
-  // The operator, float storage. "f32fa" (float_arithmetic = true: the tiled
-  // kernels, computing in float): every kernel × visibility × {fwd, fwd+bwd},
-  // 2 threads, and 1 thread for continuum and softmax, full (thread scaling).
-  // "f32" (the default: the exact kernels, double arithmetic, one rounding):
-  // continuum and softmax, full and causal, 2 threads, for reference.
+  // The operator, float storage. "f32" (the default, Compute::automatic:
+  // float arithmetic): every kernel × visibility × {fwd, fwd+bwd}, 2 threads,
+  // and 1 thread for continuum and softmax, full (thread scaling). "f32c64"
+  // (Compute::float64: the same kernels in double, one rounding per output):
+  // continuum and softmax, full and causal, 2 threads.
   for (bool fa : {true, false})
     for (bool bwd : {false, true})
       for (Kernel k : kernels)
@@ -388,11 +388,11 @@ void register_all() {
             if (th == 1 && (k == Kernel::focal || v != Vis::full)) continue;
             if (!fa && (th == 1 || k == Kernel::focal || v == Vis::window)) continue;
             const std::string name = std::string("attention/") + continuum::kernel_name(k) + "/" + vis_name(v) +
-                                     (bwd ? "/fwdbwd" : "/fwd") + (fa ? "/f32fa" : "/f32");
+                                     (bwd ? "/fwdbwd" : "/fwd") + (fa ? "/f32" : "/f32c64");
             shape(benchmark::RegisterBenchmark(name.c_str(), BM_attention<float>, k, v, bwd, fa), N, D, th);
           }
-  // f64: continuum and softmax, full and causal, 2 threads, the tiled kernels
-  // (float_arithmetic = true: double storage computes in double either way).
+  // f64: continuum and softmax, full and causal, 2 threads (double storage
+  // computes in double).
   for (bool bwd : {false, true})
     for (Kernel k : {Kernel::continuum, Kernel::softmax})
       for (Vis v : {Vis::full, Vis::causal}) {
@@ -401,10 +401,10 @@ void register_all() {
         shape(benchmark::RegisterBenchmark(name.c_str(), BM_attention<double>, k, v, bwd, true), N, D, 2);
       }
   // Sequence scaling: continuum forward, full, 1 and 2 threads, tiled kernels
-  // (2048 is above). The exact default kernels are measured at 2048 only.
+  // (2048 is above). Compute::float64 is measured at 2048 only.
   for (int th : {2, 1})
     for (long n : {256L, 512L, 1024L, 4096L, 8192L, 16384L})
-      shape(benchmark::RegisterBenchmark("seqscale/continuum/full/fwd/f32fa", BM_attention<float>, Kernel::continuum,
+      shape(benchmark::RegisterBenchmark("seqscale/continuum/full/fwd/f32", BM_attention<float>, Kernel::continuum,
                                          Vis::full, false, true),
             n, D, th);
 }
@@ -418,7 +418,7 @@ long peak_rss_kib() {
   return ru.ru_maxrss;  // KiB on Linux
 }
 
-int memory_probe(long n, long d, bool float_arith) {
+int memory_probe(long n, long d, bool float_arith /* false: Compute::float64 */) {
   Problem<float> p(n, d, true);  // allocates and touches every tensor
   const long before = peak_rss_kib();
   continuum::ForwardArgs<float> fa;
@@ -429,7 +429,7 @@ int memory_probe(long n, long d, bool float_arith) {
   fa.lse = p.lse.data();
   fa.visibility.causal = true;
   fa.num_threads = 2;
-  fa.float_arithmetic = float_arith;
+  fa.compute = float_arith ? continuum::Compute::automatic : continuum::Compute::float64;
   const auto t0 = std::chrono::steady_clock::now();
   continuum::attention_forward(continuum::cpu, fa);
   const auto t1 = std::chrono::steady_clock::now();
@@ -442,11 +442,11 @@ int memory_probe(long n, long d, bool float_arith) {
   for (float x : p.o) finite = finite && std::isfinite(x);
   for (float x : p.dq) finite = finite && std::isfinite(x);
   std::printf(
-      "{\"n\": %ld, \"d\": %ld, \"heads\": %d, \"causal\": true, \"float_arithmetic\": %s, "
+      "{\"n\": %ld, \"d\": %ld, \"heads\": %d, \"causal\": true, \"compute\": \"%s\", "
       "\"tensors_mib\": %.1f, "
       "\"fwd_extra_mib\": %.2f, \"bwd_extra_mib\": %.2f, \"fwd_s\": %.3f, \"bwd_s\": %.3f, "
       "\"finite\": %s}\n",
-      n, d, kHeads, float_arith ? "true" : "false", double(before) / 1024.0, double(after_fwd - before) / 1024.0,
+      n, d, kHeads, float_arith ? "automatic" : "float64", double(before) / 1024.0, double(after_fwd - before) / 1024.0,
       double(after_bwd - before) / 1024.0, std::chrono::duration<double>(t1 - t0).count(),
       std::chrono::duration<double>(t2 - t1).count(), finite ? "true" : "false");
   return finite ? 0 : 1;
@@ -459,10 +459,10 @@ int main(int argc, char** argv) {
     const long n = argc > 2 ? std::atol(argv[2]) : 32768;
     const long d = argc > 3 ? std::atol(argv[3]) : 16;
     if (n <= 0 || d <= 0) {
-      std::fprintf(stderr, "usage: %s --memory_probe N D [float_arithmetic]   (N, D > 0)\n", argv[0]);
+      std::fprintf(stderr, "usage: %s --memory_probe N D [float64]   (N, D > 0)\n", argv[0]);
       return 2;
     }
-    const bool fa = argc > 4 && std::strcmp(argv[4], "float_arithmetic") == 0;
+    const bool fa = !(argc > 4 && std::strcmp(argv[4], "float64") == 0);
     return memory_probe(n, d, fa);
   }
   // Measure the peaks before anything else runs (also reported as context).

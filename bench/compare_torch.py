@@ -135,7 +135,7 @@ def run_case(python, impl, causal, bwd, a):
 
 def read_ours(path, n, d, threads, dtype):
     """Median real time (ms) of our attention cases from Google Benchmark JSON;
-    dtype is the benchmark's type tag (f32fa: float storage, float arithmetic)."""
+    dtype is the benchmark's type tag (f32: float storage, float arithmetic)."""
     with open(path) as f:
         data = json.load(f)
     out = {}
@@ -176,8 +176,8 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", choices=["f32", "f64"], default="f32")
     p.add_argument("--ours-type", default=None,
-                   help="type tag of our benchmark rows to compare with (default: f32fa for f32, the tiled "
-                        "float-arithmetic kernels, the same precision class as SDPA; f64 for f64)")
+                   help="type tag of our benchmark rows to compare with (default: the --dtype, i.e. f32 = "
+                        "float arithmetic, the same precision class as SDPA; f32c64 = Compute::float64)")
     a = p.parse_args()
     if a.n <= 0 or a.d <= 0 or a.heads <= 0 or a.reps < 1 or a.threads < 1:
         p.error("--n, --d, --heads, --threads must be > 0 and --reps ≥ 1")
@@ -214,7 +214,7 @@ def main():
                 else:
                     results.append(r)
 
-    ours_type = a.ours_type or ("f32fa" if a.dtype == "f32" else "f64")
+    ours_type = a.ours_type or a.dtype
     ours = read_ours(a.ours, a.n, a.d, a.threads, ours_type) if a.ours else {}
     print(f"shape: batch 1, heads {a.heads}, seq {a.n}, head_dim {a.d}, {a.dtype}, {a.threads} threads; "
           f"medians of {a.reps} (PyTorch); ours: the '{ours_type}' rows — ratio = PyTorch time / ours "

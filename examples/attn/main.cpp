@@ -10,13 +10,13 @@
 // with --do, dq.npy, dk.npy, dv.npy (the shapes of q, k, v) and dtemp.npy
 // (the shape of the temperature: () for a scalar, [Hq], or [B, Hq, Lq]).
 // The inputs are converted to the storage dtype (the inputs' own unless
-// --dtype); --compute picks the arithmetic: by default the storage type's own
-// (float32 storage: the library's tiled kernels in float, float_arithmetic =
-// true; float64: the exact kernels in double), --compute float64 the exact
-// double-compute kernels for either storage type (double arithmetic, rounded
-// to the storage type at the end), --compute float32 float arithmetic
-// (float32 storage only: with float64 storage it is a usage error). --probs
-// makes the forward take the exact kernels (the tiled ones do not form P). Outputs are written in the storage dtype
+// --dtype); --compute picks the arithmetic (the library's Compute): by default
+// the storage type's own (float32 storage computes in float, float64 in
+// double), --compute float64 double arithmetic for either storage type (each
+// output rounded once to the storage type), --compute float32 float arithmetic
+// (float32 storage only: with float64 storage it is a usage error). The same
+// tiled kernels run in every case; --probs (P and the cell masses π) uses the
+// row-exact kernels. Outputs are written in the storage dtype
 // unless --out-dtype says otherwise. Any error: one line on stderr naming the
 // file and the problem, exit status 1 (2 for a bad command line), and no
 // output file written (all outputs go to temporary names and are renamed into
@@ -124,7 +124,7 @@ struct Problem {
   bool has_ranges = false;
   std::vector<index_t> lo, hi;
   DType storage = DType::f64, out = DType::f64;
-  DType compute = DType::f64;    // the arithmetic: float (tiled kernels) or double (exact kernels)
+  DType compute = DType::f64;    // the arithmetic: float or double (Compute)
   int threads = 0;
   bool probs = false;
 };
@@ -342,8 +342,7 @@ std::vector<std::string> compute(const Problem& p, const std::string& out_dir, i
     args.temperature = temperature;
     args.scale = p.scale;
     args.visibility = vis;
-    // float compute = the tiled kernels; double compute = the exact kernels
-    args.float_arithmetic = p.compute == DType::f32;
+    args.compute = p.compute == DType::f64 ? continuum::Compute::float64 : continuum::Compute::automatic;
     args.num_threads = p.threads;
   };
 
@@ -498,14 +497,14 @@ int main(int argc, char** argv) {
       ->expected(2);
   app.add_option("--dtype", o.dtype, "storage type float32 | float64 the inputs are converted to (default: the inputs')");
   app.add_option("--compute", o.compute,
-                 "arithmetic float32 | float64 (default: the storage type's). float32: the tiled kernels, "
-                 "float32 storage only; float64: the exact kernels (double arithmetic)")
+                 "arithmetic float32 | float64 (default: the storage type's). float32: float32 storage only; "
+                 "float64: double arithmetic, each output rounded once")
       ->check(CLI::IsMember({"float32", "float64"}))
       ->default_str("the storage type's");
   app.add_option("--out-dtype", o.out_dtype, "output type float32 | float64 (default: the storage type)");
   app.add_option("--threads", o.threads, "OpenMP threads (0 = default); results do not depend on it");
   app.add_flag("--probs", o.probs, "also write p.npy (weights P) and pi.npy (cell masses), [.., seq_q, seq_k] "
-                                   "(the forward then runs the exact kernels)");
+                                   "(the forward then runs the row-exact kernels)");
   app.add_option("--print", o.print_rows, "print the first N rows of lse and o (batch 0, head 0)");
   app.add_option("--make-example", make_dir, "write deterministic q/k/v/do .npy inputs to this folder and exit");
   app.add_option("--example-shape", example_shape, "batch heads seq_q seq_k head_dim for --make-example")

@@ -200,12 +200,12 @@ def attention(
         return_lse: also return lse.
         compute: the arithmetic, forward and backward (the backward always
             runs with its forward's compute). None or "default": the storage
-            dtype's own precision — float32 storage runs the library's tiled
-            kernels in float32 (``float_arithmetic = true``), float64 storage
-            the exact kernels in float64. "float32": float32 arithmetic
-            (float32 storage only). "float64": the exact kernels, computing
-            in float64 and rounding to the storage dtype at the end, for
-            float32 or float64 storage. On CUDA, None, "default" and
+            dtype's own precision — float32 storage computes in float32,
+            float64 storage in float64. "float32": float32 arithmetic
+            (float32 storage only). "float64": float64 arithmetic, each
+            output rounded once to the storage dtype, for float32 or float64
+            storage. The library's one tiled kernel family runs in every
+            case (``continuum::Compute``). On CUDA, None, "default" and
             "float32" are the CUDA backend (float32 accumulation);
             "float64" is not available there. See Notes for speed and
             accuracy.
@@ -261,7 +261,7 @@ def attention(
         element (not of each element). Use compute="float64" to check
         numbers against a float64 computation at float32 storage cost, the
         default for training and inference. float64 storage computes in
-        float64 (the exact kernels; ~1e-15 relative, the gradcheck path).
+        float64 (~1e-15 relative, the gradcheck path).
 
     Source: the mathematics is docs/MATH.md §3-§8; the kernels are
     the header-only library's continuum::attention_forward / attention_backward

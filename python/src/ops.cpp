@@ -11,9 +11,9 @@
 //
 // Both take a trailing `str compute="default"` (a schema default: callers that
 // stop after `scale` keep working): "default" computes in the storage type's
-// own precision (CPU float32: the tiled kernels in float; float64: the exact
-// kernels in double), "float32" in float, "float64" with the exact
-// double-compute kernels (CPU only). See parse_compute below.
+// own precision (CPU float32: float arithmetic; float64: double), "float32" in
+// float, "float64" in double with each output rounded once (CPU only). The
+// library's one tiled kernel family runs in every case. See parse_compute.
 //
 // Errors: the library's std::invalid_argument (naming the argument and the
 // expected shape) and our own argument checks are raised as c10::ValueError,
@@ -66,14 +66,13 @@ continuum::Kernel parse_kernel(std::string_view name) {
                     std::string(name), "\"");
 }
 
-/// The `compute` argument of both operators: which arithmetic the kernels use.
-/// "default" is the storage type's own precision (CPU: float32 storage -> the
-/// tiled kernels in float, float_arithmetic = true; float64 storage -> the
-/// exact kernels in double); "float32" asks for float arithmetic (float32
-/// storage only on the CPU); "float64" for the exact double-compute kernels
-/// (CPU only). Returns the library's float_arithmetic for the CPU; on CUDA
-/// (float accumulation always) it validates only.
-bool parse_compute(std::string_view compute, at::ScalarType st, bool cuda) {
+/// The `compute` argument of both operators: the library's Compute
+/// (include/continuum/attention/params.hpp). "default" is the storage type's
+/// own precision (float32 storage computes in float, float64 in double);
+/// "float32" asks for float arithmetic (float32 storage only on the CPU);
+/// "float64" for double arithmetic with each output rounded once (CPU only).
+/// On CUDA (float accumulation always) it validates only.
+continuum::Compute parse_compute(std::string_view compute, at::ScalarType st, bool cuda) {
   const bool is_default = compute == "default", f32 = compute == "float32",
              f64 = compute == "float64";
   TORCH_CHECK_VALUE(is_default || f32 || f64, kWho,
@@ -83,13 +82,13 @@ bool parse_compute(std::string_view compute, at::ScalarType st, bool cuda) {
     TORCH_CHECK_VALUE(!f64, kWho,
                       ": compute=\"float64\" is not available on CUDA (the CUDA backend "
                       "accumulates in float32); use compute=\"default\" or \"float32\"");
-    return true;
+    return continuum::Compute::automatic;
   }
   TORCH_CHECK_VALUE(!(f32 && st != at::kFloat), kWho, ": compute=\"float32\" needs float32 "
                     "storage, query is ", st, " (float64 storage computes in float64: use "
                     "compute=\"default\" or \"float64\")");
-  if (f64) return false;
-  return st == at::kFloat;  // "default" or "float32"
+  if (f64) return continuum::Compute::float64;
+  return f32 ? continuum::Compute::float32 : continuum::Compute::automatic;
 }
 
 void check_tensor(const Tensor& t, const char* name, int64_t rank, const Tensor& query) {
@@ -235,7 +234,7 @@ std::tuple<Tensor, Tensor> forward_cpu(const Tensor& query, const Tensor& key, c
                                        double temperature_value, std::optional<double> scale,
                                        c10::string_view compute) {
   check_qkv(query, key, value);
-  const bool float_arithmetic = parse_compute(std::string_view(compute.data(), compute.size()),
+  const continuum::Compute compute_type = parse_compute(std::string_view(compute.data(), compute.size()),
                                               query.scalar_type(), /*cuda=*/false);
   const Options o = make_options(query, std::string_view(kernel.data(), kernel.size()), causal,
                                  window_left, window_right, range_lo, range_hi, temperature,
@@ -254,7 +253,7 @@ std::tuple<Tensor, Tensor> forward_cpu(const Tensor& query, const Tensor& key, c
     a.temperature = temperature_of<scalar_t>(o);
     a.scale = o.scale;
     a.visibility = o.vis;
-    a.float_arithmetic = float_arithmetic;
+    a.compute = compute_type;
     a.num_threads = at::get_num_threads();  // results do not depend on it
     call_library([&] { continuum::attention_forward(continuum::cpu, a); });
   });
@@ -271,7 +270,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(
   check_tensor(out, "out", 4, query);
   check_tensor(grad_out_in, "grad_out", 4, query);
   check_tensor(lse, "lse", 3, query);
-  const bool float_arithmetic = parse_compute(std::string_view(compute.data(), compute.size()),
+  const continuum::Compute compute_type = parse_compute(std::string_view(compute.data(), compute.size()),
                                               query.scalar_type(), /*cuda=*/false);
   // Autograd hands in expanded (stride-0) or transposed gradients; the library
   // needs a contiguous last axis, so make one for dO (ours, not the user's).
@@ -302,7 +301,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(
     a.temperature = temperature_of<scalar_t>(o);
     a.scale = o.scale;
     a.visibility = o.vis;
-    a.float_arithmetic = float_arithmetic;
+    a.compute = compute_type;
     a.num_threads = at::get_num_threads();
     call_library([&] { continuum::attention_backward(continuum::cpu, a); });
   });

@@ -2,9 +2,8 @@
 directly, bit for bit: the `continuum-attn` CLI built by CMake runs on the
 same .npy inputs, like with like: the same storage dtype and the same compute
 (the CLI's default is the operator's, the storage type's own precision:
-float32 -> the tiled float kernels, float64 -> the exact kernels; float32
-storage is also run with --compute float64 / compute="float64", the exact
-kernels). Both are built for the same target (-O2, no -march), which the
+float32 -> float arithmetic, float64 -> double; float32 storage is also run
+with --compute float64 / compute="float64", double arithmetic). Both are built for the same target (-O2, no -march), which the
 tiled kernels' bits depend on. scripts/test sets CONTINUUM_ATTN_CLI to its
 path; without it these tests skip."""
 import os

@@ -1,18 +1,17 @@
 """The `compute` option: which arithmetic the CPU kernels use.
 
 None / "default" computes in the storage dtype's own precision: float32
-storage runs the library's tiled kernels in float (float_arithmetic = true),
-float64 storage the exact kernels in double. compute="float64" runs the exact
-double-compute kernels for float32 storage too (the forward's outputs
-rounded once each, the gradients within about one rounding of their largest
-element);
+storage in float, float64 storage in double (the library's Compute; the same
+tiled kernels either way). compute="float64" computes in double for float32
+storage too (the forward's outputs rounded once each, the gradients within
+about one rounding of their largest element);
 compute="float32" is float arithmetic (float32 storage only). The backward
 runs with its forward's compute.
 
 Bounds, relative to each tensor's max|ref| (ref: the float64 operator on the
 same float32-rounded inputs, itself within ~1e-15 of a 256-bit reference):
 
-* compute="float32" (the tiled float kernels): 2e-6 for out, lse, dQ, dK,
+* compute="float32" (float arithmetic): 2e-6 for out, lse, dQ, dK,
   dV — issue 13's target for float storage / float compute at O(1) scores
   ("≤ 2e-6 × conditioning"), and the fixed figure of the C++ suite's
   forward_tolerance (tests/operator/harness.hpp). That file's worst-case
@@ -24,7 +23,7 @@ same float32-rounded inputs, itself within ~1e-15 of a 256-bit reference):
   terms Σ dS·s/τ, so its error relative to |dτ| is amplified by
   Σ|terms| / |dτ|; it gets the C++ suite's backward figure 2e-5
   (backward_tolerance: 10 × the forward's, derived there); measured ≤ 2.8e-6.
-* compute="float64" (the exact kernels): out and lse are the float64 result
+* compute="float64" (double arithmetic): out and lse are the float64 result
   rounded once, element by element: |got − ref| ≤ 2^-24 |ref| + 1e-12 max|ref|
   (the second term: the float64 reference's own error). The gradients are
   not rounded once per element (measured: ~60 % of the elements are the
@@ -116,8 +115,8 @@ def test_float64_compute_one_rounding(name, kernel):
 
 
 def test_defaults_name_the_storage_precision():
-    """float32: None == "default" == "float32" (the tiled kernels), bit for bit,
-    and not the exact kernels; float64: None == "float64"."""
+    """float32: None == "default" == "float32" (float arithmetic), bit for bit,
+    and not compute="float64"; float64: None == "float64"."""
     f32, f64, kw32, kw64, do = problem(dict(causal=True, temperature=0.5), "continuum")
     base = run(f32, kw32, do)
     for c in ("default", "float32"):

@@ -2,7 +2,7 @@
 forward and gradients (absolute errors; values and gradients are O(1)):
 
 * float64: to 1e-13 (a few ulp of the O(1) values; both are exact up to rounding);
-* float32, compute="float64" (our exact kernels, double arithmetic): to 1e-6 (SDPA computes in float; measured ≤ 6.3e-7, nearly all of
+* float32, compute="float64" (double arithmetic): to 1e-6 (SDPA computes in float; measured ≤ 6.3e-7, nearly all of
   it SDPA's);
 * float32, the default compute (our tiled kernels in float): to 3e-6, the
   2e-6 of our float arithmetic (test_compute.py: issue 13's float/float

@@ -4,7 +4,7 @@
 // (contiguous, BSHD, padded, arbitrary small strides, packed QKV / packed
 // gradients), placements in one arena (apart, or at a fuzzed offset so that
 // buffers may overlap), values, temperature shape and value (tame or
-// hostile), scale, visibility, ranges, kernel, float_arithmetic. Every byte
+// hostile), scale, visibility, ranges, kernel, compute. Every byte
 // of the arena that is not an element of some buffer is poisoned for ASan, so
 // any read or write outside the views is reported. Every call must either
 // throw std::invalid_argument ("continuum::...") or
@@ -129,7 +129,8 @@ struct Problem {
   continuum::TemperatureShape tshape = continuum::TemperatureShape::scalar;
   double tau_scalar = 1;
   std::optional<double> scale;
-  bool causal = false, probs = false, ranges = false, float_arithmetic = false;
+  bool causal = false, probs = false, ranges = false;
+  continuum::Compute compute = continuum::Compute::automatic;
   index_t window_left = -1, window_right = -1;  // MATH.md §3; negative = unlimited
   bool want[NROLES] = {};
   Geometry geo[NROLES];
@@ -166,7 +167,7 @@ void set_common(const Problem<T>& p, const Run<T>& r, Args& a) {
   a.visibility.window_right = p.window_right;
   a.visibility.range_lo = r.template ptr<const index_t>(p, LO);
   a.visibility.range_hi = r.template ptr<const index_t>(p, HI);
-  a.float_arithmetic = p.float_arithmetic;
+  a.compute = p.compute;
   a.num_threads = 1;
 }
 
@@ -232,7 +233,7 @@ std::string describe(const Problem<T>& p) {
                   n(p.Hk) + " " + n(p.Lq) + " " + n(p.Lk) + " " + n(p.D) + " " + n(p.Dv) + ", tau shape " +
                   n(int(p.tshape)) + " scalar " + std::to_string(p.tau_scalar) + ", scale " +
                   (p.scale ? std::to_string(*p.scale) : "default") + ", causal " + n(p.causal) + " window (" +
-                  n(p.window_left) + ", " + n(p.window_right) + ")" + " ranges " + n(p.ranges) + " float_arithmetic " + n(p.float_arithmetic);
+                  n(p.window_left) + ", " + n(p.window_right) + ")" + " ranges " + n(p.ranges) + " compute " + n(int(p.compute));
   return s;
 }
 
@@ -271,8 +272,8 @@ int run(FuzzedDataProvider& in) {
   }
   p.ranges = in.ConsumeIntegralInRange(0, 3) == 0;
   p.probs = !p.backward && in.ConsumeIntegralInRange(0, 3) == 0;
-  p.float_arithmetic = in.ConsumeBool();
-  if (std::getenv("FUZZ_NO_TILED")) p.float_arithmetic = false;
+  // automatic, float32 (rejected with double storage), float64
+  p.compute = static_cast<continuum::Compute>(in.ConsumeIntegralInRange(0, 2));
 
   const index_t rows = p.B * p.Hq * p.Lq;
   Arena arena;

@@ -13,6 +13,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <mpreal.h>
@@ -136,6 +137,7 @@ struct Case {
   std::optional<double> scale{};
   int threads = 0;
   bool want_maps = false;  // request probs and cell_mass
+  continuum::Compute compute = continuum::Compute::automatic;
 
   Tensor<T> q, k, v, o, dout, dq, dk, dv;
   std::vector<T> lse, probs, cell, dtau;
@@ -207,6 +209,7 @@ struct Case {
     a.visibility = visibility();
     a.probs = want_maps ? probs.data() : nullptr;
     a.cell_mass = want_maps ? cell.data() : nullptr;
+    a.compute = compute;
     a.num_threads = threads;
     return a;
   }
@@ -226,6 +229,7 @@ struct Case {
     a.temperature = temperature();
     a.scale = scale;
     a.visibility = visibility();
+    a.compute = compute;
     a.num_threads = threads;
     return a;
   }
@@ -406,6 +410,35 @@ ForwardCheck check_forward(Case<T>& c, const std::string& label) {
     CHECK(r.probs.max_abs <= r.tol);
     CHECK(r.cell.max_abs <= r.tol);
   }
+  // P and π come from the row-exact kernels (backends/cpu.hpp), and with them
+  // out and lse: without the maps the same call runs the tiled kernels.
+  const bool maps = c.want_maps;
+  c.want_maps = false;
+  if (maps) {
+    c.forward();
+    const Error o2 = compare(c.o.contiguous(), f.out), l2 = compare(c.lse, f.lse);
+    INFO("without P/pi (tiled kernels): out max abs err " << o2.max_abs << " at " << o2.worst << ", lse "
+                                                           << l2.max_abs);
+    record("forward out " + label + " " + type_name<T>() + " (tiled)", o2.rel());
+    CHECK(o2.max_abs <= r.tol * std::max(o2.ref_scale, 1e-300));
+    CHECK(l2.max_abs <= r.tol * std::max(1.0, l2.ref_scale));
+  }
+  if (std::is_same<T, float>::value && c.compute == continuum::Compute::automatic) {
+    // Float storage with Compute::float64 (no maps: the tiled kernels in
+    // double), same inputs: the double result rounded once per element, so
+    // within 2^-24 of each output's size plus the double computation's bound.
+    c.compute = continuum::Compute::float64;
+    c.forward();
+    c.compute = continuum::Compute::automatic;
+    const double tol64 = std::ldexp(1.0, -24) + forward_tolerance<double>(r.max_score, c.D);
+    const Error out64 = compare(c.o.contiguous(), f.out), lse64 = compare(c.lse, f.lse);
+    INFO("Compute::float64: out max abs err " << out64.max_abs << " at " << out64.worst << ", lse "
+                                              << lse64.max_abs << "; tol " << tol64);
+    record("forward out " + label + " float/compute float64", out64.rel());
+    CHECK(out64.max_abs <= tol64 * std::max(out64.ref_scale, 1e-300));
+    CHECK(lse64.max_abs <= tol64 * std::max(1.0, lse64.ref_scale));
+  }
+  c.want_maps = maps;
   return r;
 }
 
@@ -485,6 +518,26 @@ BackwardCheck check_backward(Case<T>& c, const std::string& label) {
   CHECK(c.dq.padding_untouched());
   CHECK(c.dk.padding_untouched());
   CHECK(c.dv.padding_untouched());
+  if (std::is_same<T, float>::value && c.compute == continuum::Compute::automatic) {
+    // Float storage with Compute::float64: each gradient rounded once from
+    // double, relative to the same scales as above.
+    c.compute = continuum::Compute::float64;
+    c.forward();
+    c.backward();
+    c.compute = continuum::Compute::automatic;
+    const double tol64 = std::ldexp(1.0, -24) + backward_tolerance<double>(r.max_score, c.D);
+    Error e[4] = {compare(c.dq.contiguous(), g.grad_query), compare(c.dk.contiguous(), g.grad_key),
+                  compare(c.dv.contiguous(), g.grad_value), compare(c.dtau, g.grad_temperature)};
+    const Error* base[4] = {&r.dq, &r.dk, &r.dv, &r.dtau};
+    const char* names[4] = {"dQ", "dK", "dV", "dtau"};
+    for (int i = 0; i < 4; ++i) {
+      INFO("Compute::float64 " << names[i] << ": max abs err " << e[i].max_abs << " at " << e[i].worst
+                               << " (scale " << base[i]->ref_scale << "); tol " << tol64);
+      record(std::string("backward ") + names[i] + " " + label + " float/compute float64",
+             e[i].max_abs / std::max(base[i]->ref_scale, 1e-300));
+      CHECK(e[i].max_abs <= tol64 * std::max(base[i]->ref_scale, 1e-300));
+    }
+  }
   return r;
 }
 

@@ -80,10 +80,10 @@ void run_case(const std::vector<double>& scores, double tau, bool fa, const std:
     c.k.at(0, 0, j, 1) = T(0.1 + 0.2 * double(j));  // distinct: dQ's second entry is not structurally 0
   }
   auto f = c.forward_args();
-  f.float_arithmetic = fa;
+  f.compute = fa ? continuum::Compute::automatic : continuum::Compute::float64;
   continuum::attention_forward(continuum::cpu, f);
   auto g = c.backward_args();
-  g.float_arithmetic = fa;
+  g.compute = fa ? continuum::Compute::automatic : continuum::Compute::float64;
   continuum::attention_backward(continuum::cpu, g);
   const auto p = c.template problem<mp>();
   const auto fr = continuum::reference::forward(p);

@@ -24,12 +24,12 @@ TEMPLATE_TEST_CASE("kernels: zero heads divide by nothing", "[operator][limits]"
   c.Lq = c.Lk = 4;
   c.alloc();
   auto g = c.backward_args();
-  g.float_arithmetic = fa;
+  g.compute = fa ? continuum::Compute::automatic : continuum::Compute::float64;
   const continuum::AttentionShape sh{c.B, 0, 0, c.Lq, c.Lk, c.D, c.D};
   continuum::attention_impl<continuum::cpu_t>::backward<T, continuum::ContinuumStencil>(g, sh, 0.5);
   CHECK(c.dtau[0] == T(0));
   auto f = c.forward_args();
-  f.float_arithmetic = fa;
+  f.compute = fa ? continuum::Compute::automatic : continuum::Compute::float64;
   continuum::attention_impl<continuum::cpu_t>::forward<T, continuum::ContinuumStencil>(f, sh, 0.5);
   CHECK(c.dq.contiguous().empty());
 }
@@ -50,7 +50,7 @@ TEST_CASE("kernels: values near DBL_MAX with equal scores do not overflow", "[op
   c.v.for_each([](double& x) { x = 0.9 * DBL_MAX; });
   c.v.at(0, 0, 1, 1) = -0.9 * DBL_MAX;
   auto f = c.forward_args();
-  f.float_arithmetic = fa;
+  f.compute = fa ? continuum::Compute::automatic : continuum::Compute::float64;
   continuum::attention_forward(continuum::cpu, f);
   for (index_t i = 0; i < c.Lq; ++i) {
     const auto rg = continuum::visible_range(c.visibility(), 0, i, c.Lq, c.Lk);

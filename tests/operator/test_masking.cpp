@@ -32,10 +32,10 @@ struct Outputs {
 template <class T>
 Outputs<T> run(Case<T> c, bool fa) {
   auto f = c.forward_args();
-  f.float_arithmetic = fa;
+  f.compute = fa ? continuum::Compute::automatic : continuum::Compute::float64;
   continuum::attention_forward(continuum::cpu, f);
   auto g = c.backward_args();
-  g.float_arithmetic = fa;
+  g.compute = fa ? continuum::Compute::automatic : continuum::Compute::float64;
   continuum::attention_backward(continuum::cpu, g);
   return {c.o.contiguous(), c.lse, c.dq.contiguous(), c.dk.contiguous(), c.dv.contiguous(), c.dtau};
 }

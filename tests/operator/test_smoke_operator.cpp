@@ -215,6 +215,7 @@ TEST_CASE("forward matches the naive double implementation", "[operator][smoke]"
       }
       Run<float> rf;
       auto af = forward_args<float>(p, rf);
+      af.compute = Compute::float64;
       attention_forward(cpu, af);
       // float storage: inputs as floats; computed in double, so vs the double
       // naive on the *rounded* inputs the error is one output rounding.

@@ -60,10 +60,10 @@ TEMPLATE_TEST_CASE("tiled kernels: D = 0 and Dv = 0 give the exact kernels' resu
   exact.backward();
   {
     auto f = tiled.forward_args();
-    f.float_arithmetic = true;
+    f.compute = continuum::Compute::automatic;
     REQUIRE_NOTHROW(continuum::attention_forward(continuum::cpu, f));
     auto b = tiled.backward_args();
-    b.float_arithmetic = true;
+    b.compute = continuum::Compute::automatic;
     REQUIRE_NOTHROW(continuum::attention_backward(continuum::cpu, b));
   }
 

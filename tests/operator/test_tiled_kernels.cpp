@@ -19,14 +19,14 @@ namespace {
 template <class T>
 void run_forward(Case<T>& c, bool float_arithmetic) {
   auto a = c.forward_args();
-  a.float_arithmetic = float_arithmetic;
+  a.compute = float_arithmetic ? continuum::Compute::automatic : continuum::Compute::float64;
   continuum::attention_forward(continuum::cpu, a);
 }
 
 template <class T>
 void run_backward(Case<T>& c, bool float_arithmetic) {
   auto a = c.backward_args();
-  a.float_arithmetic = float_arithmetic;
+  a.compute = float_arithmetic ? continuum::Compute::automatic : continuum::Compute::float64;
   continuum::attention_backward(continuum::cpu, a);
 }
 
@@ -148,7 +148,7 @@ TEST_CASE("tiled forward: a KV-cache decode step is the full causal row, bit for
   const auto full_o = full.o.contiguous();
   for (index_t t : {0, 1, 2, 127, 128, 129, 200, 255, 256, 257, 299}) {
     continuum::ForwardArgs<float> a = full.forward_args();
-    a.float_arithmetic = true;
+    a.compute = continuum::Compute::automatic;
     a.query.data = full.q.view.row(0, 0, t);
     a.query.seq = 1;
     a.key.seq = t + 1;

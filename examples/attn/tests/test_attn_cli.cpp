@@ -14,7 +14,7 @@
 // τ = 0.3) and rounding ~1e-14. Errors are
 // scaled, |got - want| / (1 + |want|). A double run is held to 1e-14 (forward:
 // ~50 ulp of double at unit scale) and 1e-8 (gradients: the FD error bound);
-// a float-storage run with --compute float64 (the exact kernels) to 4e-6 (64
+// a float-storage run with --compute float64 (double arithmetic) to 4e-6 (64
 // ulp of float at unit scale, forward and backward). Measured with the op
 // branch's CPU operator (2026-11-29): double forward ≤ 1e-16, gradients
 // ≤ 5e-10 (dtemp; FD-limited); float with double compute ≤ 4e-8.
@@ -445,7 +445,7 @@ TEST_CASE("float32 inputs, GQA, per-head temperature file, sliding window", "[cl
   write_file(dir / "do.npy", npy_bytes<float>(dout, {c.B, c.Hq, c.Lq, c.Dv}));
   write_file(dir / "tau.npy", npy_bytes<float>(c.tau, {4}));
   const std::string d = dir.string();
-  // --compute float64: the exact kernels (double arithmetic), held to the
+  // --compute float64: double arithmetic, each output rounded once, held to the
   // one-rounding-class bound 4e-6; the float default is the next test case.
   const Run r = run_tool(dir, "--q " + d + "/q.npy --k " + d + "/k.npy --v " + d + "/v.npy --do " +
                                   d + "/do.npy --temperature " + d + "/tau.npy --compute float64" +
@@ -512,8 +512,8 @@ TEST_CASE("float32 storage computes in float by default (tiled kernels): referen
   // it is scaled by 1 + |dτ| (check_close), at harness.hpp's backward figure.
   check_close("dtemp", dt.x, fd[3], 2e-5L);
 
-  // --compute float32 is the default, bit for bit; --compute float64 is the
-  // exact kernels, which give other bits (so the run above was the float one).
+  // --compute float32 is the default, bit for bit; --compute float64 computes
+  // in double, which gives other bits (so the run above was the float one).
   const Run r32 = run_tool(dir, args + " --compute float32 --out " + d + "/out32");
   const Run r64 = run_tool(dir, args + " --compute float64 --out " + d + "/out64");
   REQUIRE(r32.rc == 0);

@@ -15,8 +15,10 @@ namespace continuum {
 /// continuum) or e^{s_ij} (softmax; focal = softmax with the temperature given,
 /// MATH.md §8), s_ij = c_i · q_i·k_j, c_i = scale / τ_i.
 /// \tparam Backend  continuum::cpu_t (continuum::cuda_t with the CUDA backend).
-/// \tparam T        float or double (storage). The CPU backend computes scores,
-///                  weights and sums in double and rounds each output once.
+/// \tparam T        float or double (storage). The CPU backend computes in the
+///                  arithmetic args.compute selects (params.hpp, Compute:
+///                  the storage type's by default; float64 rounds each output
+///                  once).
 /// \param args.query  [B, Hq, Lq, D], args.key [B, Hk, Lk, D], args.value
 ///                    [B, Hk, Lk, Dv]: strided views, dim axis contiguous;
 ///                    Hq a multiple of Hk (GQA/MQA; query head h uses KV head
@@ -45,8 +47,9 @@ namespace continuum {
 ///         temperature, ranges, P, π), self-overlapping output views,
 ///         sizes, element counts or element offsets beyond 2^62, views
 ///         running past the end of the address space, D = 0 with the default
-///         scale 1/sqrt(D); with float_arithmetic and float storage, scale / τ
-///         beyond FLT_MAX (the tiled kernels form it in float).
+///         scale 1/sqrt(D); with float compute (float storage, compute not
+///         float64), scale / τ beyond FLT_MAX (the kernels form it in float);
+///         compute float32 with double storage.
 /// \note Zero sizes: B, Hq or Lq = 0 (also Hq = Hk = 0) is a problem with
 ///       nothing to write, and returns at once; Lk = 0 gives empty rows; D = 0
 ///       (explicit scale) gives scores 0; Dv = 0 leaves lse, P and π.

@@ -79,6 +79,21 @@ struct Temperature {
   const T* data = nullptr;     ///< used otherwise
 };
 
+/// The arithmetic the CPU kernels compute in (docs/MATH.md §10,
+/// docs/PERFORMANCE.md). One tiled kernel family serves every choice; only
+/// the type it computes in changes.
+enum class Compute {
+  /// The storage type's own: float storage computes in float (the fast
+  /// default; errors ~1e-6 of the output's conditioning), double in double.
+  automatic,
+  /// float: as `automatic` for float storage; rejected for double storage.
+  float32,
+  /// double: float storage is converted to double once per call (a copy of
+  /// the inputs, 2x their size), computed in double, and each output rounded
+  /// once to float (within one float rounding of the exact result). CPU only.
+  float64,
+};
+
 /// Forward arguments. Shapes: query [B, Hq, Lq, D], key [B, Hk, Lk, D],
 /// value [B, Hk, Lk, Dv], out [B, Hq, Lq, Dv]; Hq a multiple of Hk (GQA/MQA).
 template <class T>
@@ -101,17 +116,15 @@ struct ForwardArgs {
   /// only): P (the weights that multiply the values) and π (cell masses).
   T* probs = nullptr;
   T* cell_mass = nullptr;
-  /// false (default): the CPU backend's exact kernels, computing in double and
-  /// rounding each output once. true: opt in to the tiled FlashAttention-style
-  /// kernels (backends/cpu/flash.hpp), which compute in the storage precision
-  /// (10–17× faster than the exact kernels, docs/PERFORMANCE.md; errors ~1e-6 of max|out| instead of one
-  /// rounding). A query row whose *visible* data they do not suit (a NaN or Inf,
-  /// scores beyond 4096, values near overflow) is computed by the exact
-  /// kernels; data a row cannot see never changes its result, on either path.
-  /// Results stay independent of num_threads either way. With float storage
-  /// the tiled kernels form scale / τ in float: τ for which it exceeds
-  /// FLT_MAX is rejected (std::invalid_argument), not computed.
-  bool float_arithmetic = false;
+  /// The arithmetic (see Compute). Rows whose *visible* data float cannot
+  /// hold (a NaN or Inf, scores beyond 4096, values near overflow) are
+  /// computed in double by the same kernels; rows double cannot hold either
+  /// (non-finite data, raw scores beyond DBL_MAX) and the inspection outputs
+  /// P and π use the CPU backend's row-exact kernels (backends/cpu/forward.hpp).
+  /// Data a row cannot see never changes its result or how it is computed.
+  /// With float compute the kernels form scale / τ in float: τ for which it
+  /// exceeds FLT_MAX is rejected (std::invalid_argument), not computed.
+  Compute compute = Compute::automatic;
   /// OpenMP threads; 0 = the runtime's default. Results do not depend on it.
   int num_threads = 0;
 };
@@ -134,15 +147,8 @@ struct BackwardArgs {
   Temperature<accum_t<T>> temperature{};
   std::optional<double> scale{};
   Visibility visibility{};
-  /// false (default): the CPU backend's exact kernels, computing in double and
-  /// rounding each output once. true: opt in to the tiled FlashAttention-style
-  /// kernels (backends/cpu/flash.hpp), which compute in the storage precision
-  /// (10–17× faster than the exact kernels, docs/PERFORMANCE.md; errors ~1e-6 of max|out| instead of one
-  /// rounding). A query row whose *visible* data they do not suit (a NaN or Inf,
-  /// scores beyond 4096, values near overflow) is computed by the exact
-  /// kernels; data a row cannot see never changes its result, on either path.
-  /// Results stay independent of num_threads either way.
-  bool float_arithmetic = false;
+  /// The arithmetic, as in ForwardArgs::compute.
+  Compute compute = Compute::automatic;
   int num_threads = 0;
 };
 

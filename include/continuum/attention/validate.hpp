@@ -309,8 +309,8 @@ void check_temperature(const char* fn, const Temperature<T>& t, const AttentionS
                    num(static_cast<double>(tau)) + " overflows");
     fail(fn, name + ": too small for this kernel, scale / temperature = " + num(scale) + " / " +
                  num(static_cast<double>(tau)) + " = " + num(c) +
-                 " overflows float, in which the kernel forms it (the CPU backend's exact kernels, "
-                 "float_arithmetic = false, form it in double)");
+                 " overflows float, in which the kernel forms it (Compute::float64 forms it in "
+                 "double)");
   };
   switch (t.shape) {
     case TemperatureShape::scalar: check_one(t.value, -1); break;
@@ -463,14 +463,27 @@ AttentionShape validate_forward(const ForwardArgs<T>& a, double* scale_out, cons
   return s;
 }
 
-/// validate_forward for the CPU backend: its tiled kernels
-/// (float_arithmetic) form scale / τ in the storage type.
+namespace detail {
+/// The CPU backend's choice of arithmetic: float32 is float storage's own
+/// (rejected for double storage). No fold_in_float: a row whose scale / τ
+/// overflows float is computed in double (backends/cpu.hpp).
+template <class T>
+ValidateOptions cpu_options(const char* fn, Compute compute) {
+  if (compute != Compute::automatic && compute != Compute::float32 && compute != Compute::float64)
+    fail(fn, "compute: not a Compute value (" + std::to_string(static_cast<int>(compute)) + ")");
+  if (std::is_same<T, double>::value && compute == Compute::float32)
+    fail(fn, "compute: float32 with double storage is not supported (double storage computes in double: "
+             "Compute::automatic or Compute::float64)");
+  ValidateOptions opt;
+  opt.fn = fn;
+  return opt;
+}
+}  // namespace detail
+
+/// validate_forward for the CPU backend.
 template <class T>
 AttentionShape validate_forward(const ForwardArgs<T>& a, double* scale_out = nullptr) {
-  ValidateOptions opt;
-  opt.fn = "attention_forward";
-  opt.fold_in_float = a.float_arithmetic && std::is_same<T, float>::value;
-  return validate_forward(a, scale_out, opt);
+  return validate_forward(a, scale_out, detail::cpu_options<T>("attention_forward", a.compute));
 }
 
 /// Validates backward arguments (MATH.md §6) for the kernels `opt` describes;
@@ -508,10 +521,7 @@ AttentionShape validate_backward(const BackwardArgs<T>& a, double* scale_out, co
 /// validate_backward for the CPU backend (see validate_forward).
 template <class T>
 AttentionShape validate_backward(const BackwardArgs<T>& a, double* scale_out = nullptr) {
-  ValidateOptions opt;
-  opt.fn = "attention_backward";
-  opt.fold_in_float = a.float_arithmetic && std::is_same<T, float>::value;
-  return validate_backward(a, scale_out, opt);
+  return validate_backward(a, scale_out, detail::cpu_options<T>("attention_backward", a.compute));
 }
 
 namespace detail {

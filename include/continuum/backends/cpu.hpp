@@ -1,5 +1,18 @@
 // backends/cpu.hpp — the CPU backend: attention_impl<cpu_t> (STYLE.md,
 // "Backend selection at compile time").
+//
+// Every call runs the tiled kernels (cpu/flash.hpp) in the arithmetic that
+// args.compute selects (params.hpp, Compute):
+//   float storage, float compute (the default): tiled in float; the rows whose
+//     visible data float cannot hold go to the same kernels in double
+//     (cpu/widen.hpp), computed on those rows only;
+//   float storage, float64 compute: the whole call converted to double, tiled
+//     in double, each output rounded once;
+//   double storage: tiled in double.
+// What the tiled kernels in double decline (non-finite visible data, raw
+// scores beyond DBL_MAX, sums of values near DBL_MAX: MATH.md §10, appendix A
+// W13) and the inspection outputs P and π are computed by the row-exact
+// kernels (cpu/forward.hpp, cpu/backward.hpp), row by row.
 #pragma once
 
 #include <type_traits>
@@ -9,6 +22,7 @@
 #include "cpu/backward.hpp"
 #include "cpu/flash.hpp"
 #include "cpu/forward.hpp"
+#include "cpu/widen.hpp"
 
 namespace continuum {
 namespace cpu_detail {
@@ -107,6 +121,74 @@ void exact_backward_rows(const BackwardArgs<T>& a, double scale, const std::vect
   }
 }
 
+
+/// Row-id mask of `rows` (1 = in the subset) for a call of `n` rows.
+inline std::vector<char> subset_of(const std::vector<index_t>& rows, index_t n) {
+  std::vector<char> m(std::size_t(n), 0);
+  for (index_t r : rows) m[std::size_t(r)] = 1;
+  return m;
+}
+
+/// Float storage in double: the rows `rows` (null = every row) of the call,
+/// tiled in double, rows declined there by the row-exact kernel; their out and
+/// lse rounded once into the caller's arguments.
+template <class Stencil>
+void forward_in_double(const ForwardArgs<float>& a, const AttentionShape& sh, double scale,
+                       const std::vector<index_t>* rows) {
+  constexpr bool kContinuum = std::is_same<Stencil, ContinuumStencil>::value;
+  const WideForward w(a, sh);
+  const std::vector<char> subset = rows ? subset_of(*rows, sh.rows()) : std::vector<char>();
+  flash::forward_tiled<double, kContinuum>(w.args, scale, rows ? subset.data() : nullptr,
+                                           [&](const std::vector<index_t>& declined) {
+                                             exact_forward_rows<double, Stencil>(w.args, scale, declined);
+                                           });
+  if (rows)
+    for (index_t r : *rows) w.narrow(a, r);
+  else
+    for (index_t r = 0; r < sh.rows(); ++r) w.narrow(a, r);
+}
+
+/// The backward counterpart. With `rows` (float rows declined by the float
+/// pass): writes their dQ, adds their dK, dV terms to the float pass's and sets
+/// their entries of dtau_rows. Without: the whole call, every output written.
+template <class Stencil>
+void backward_in_double(const BackwardArgs<float>& a, const AttentionShape& sh, double scale,
+                        const std::vector<index_t>* rows, std::vector<double>& dtau_rows) {
+  constexpr bool kContinuum = std::is_same<Stencil, ContinuumStencil>::value;
+  const WideBackward w(a, sh);
+  const std::vector<char> subset = rows ? subset_of(*rows, sh.rows()) : std::vector<char>();
+  const std::vector<double> dtau = flash::backward_tiled<double, kContinuum>(
+      w.args, scale, rows ? subset.data() : nullptr,
+      [&](const std::vector<index_t>& declined, std::vector<double>& dt) {
+        exact_backward_rows<double, Stencil>(w.args, scale, declined, dt);
+      });
+  auto each_element = [](const TensorView<float>& v, const TensorView<double>& wv, auto&& f) {
+    if (v.data == nullptr || wv.data == nullptr) return;
+    for (index_t b = 0; b < v.batch; ++b)
+      for (index_t h = 0; h < v.heads; ++h)
+        for (index_t s = 0; s < v.seq; ++s) {
+          float* o = v.row(b, h, s);
+          const double* x = wv.row(b, h, s);
+          for (index_t d = 0; d < v.dim; ++d) f(o[d], x[d]);
+        }
+  };
+  const auto assign = [](float& o, double x) { o = float(x); };
+  const auto add = [](float& o, double x) { o = float(double(o) + x); };
+  if (rows) {
+    for (index_t r : *rows) {
+      narrow_row(w.args.grad_query, a.grad_query, r);
+      if (a.grad_temperature) dtau_rows[std::size_t(r)] = dtau[std::size_t(r)];
+    }
+    each_element(a.grad_key, w.args.grad_key, add);
+    each_element(a.grad_value, w.args.grad_value, add);
+  } else {
+    each_element(a.grad_query, w.args.grad_query, assign);
+    each_element(a.grad_key, w.args.grad_key, assign);
+    each_element(a.grad_value, w.args.grad_value, assign);
+    dtau_rows = dtau;
+  }
+}
+
 }  // namespace cpu_detail
 
 template <>
@@ -115,30 +197,50 @@ struct attention_impl<cpu_t> {
   static void forward(const ForwardArgs<T>& args, const AttentionShape& shape, double scale) {
     static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
                   "continuum CPU backend: T must be float or double");
-    // The tiled kernels (cpu/flash.hpp) only when the caller opts in with
-    // float_arithmetic; rows whose visible inputs they do not suit go to the
-    // exact kernels one by one (all of them: the whole call). By default the
-    // exact double-accumulating kernels, which every reference test exercises.
+    using namespace cpu_detail;
     constexpr bool kContinuum = std::is_same<Stencil, ContinuumStencil>::value;
-    if (args.float_arithmetic &&
-        cpu_detail::flash::flash_forward<T, kContinuum>(args, scale, [&](const std::vector<index_t>& rows) {
-          cpu_detail::exact_forward_rows<T, Stencil>(args, scale, rows);
-        }))
+    if (args.probs != nullptr || args.cell_mass != nullptr) {
+      // Inspection outputs (small inputs): the row-exact kernel, in double.
+      cpu_detail::forward<T, Stencil>(args, shape, scale);
       return;
-    cpu_detail::forward<T, Stencil>(args, shape, scale);
+    }
+    if constexpr (std::is_same<T, float>::value) {
+      if (args.compute == Compute::float64) {
+        forward_in_double<Stencil>(args, shape, scale, nullptr);
+        return;
+      }
+      flash::forward_tiled<float, kContinuum>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
+        forward_in_double<Stencil>(args, shape, scale, &rows);
+      });
+    } else {
+      flash::forward_tiled<double, kContinuum>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
+        exact_forward_rows<double, Stencil>(args, scale, rows);
+      });
+    }
   }
   template <class T, class Stencil>
   static void backward(const BackwardArgs<T>& args, const AttentionShape& shape, double scale) {
     static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
                   "continuum CPU backend: T must be float or double");
+    using namespace cpu_detail;
     constexpr bool kContinuum = std::is_same<Stencil, ContinuumStencil>::value;
-    if (args.float_arithmetic &&
-        cpu_detail::flash::flash_backward<T, kContinuum>(
-            args, scale, [&](const std::vector<index_t>& rows, std::vector<double>& dtau_rows) {
-              cpu_detail::exact_backward_rows<T, Stencil>(args, scale, rows, dtau_rows);
-            }))
-      return;
-    cpu_detail::backward<T, Stencil>(args, shape, scale);
+    std::vector<double> dtau_rows;
+    if constexpr (std::is_same<T, float>::value) {
+      if (args.compute == Compute::float64) {
+        backward_in_double<Stencil>(args, shape, scale, nullptr, dtau_rows);
+      } else {
+        dtau_rows = flash::backward_tiled<float, kContinuum>(
+            args, scale, nullptr, [&](const std::vector<index_t>& rows, std::vector<double>& dt) {
+              backward_in_double<Stencil>(args, shape, scale, &rows, dt);
+            });
+      }
+    } else {
+      dtau_rows = flash::backward_tiled<double, kContinuum>(
+          args, scale, nullptr, [&](const std::vector<index_t>& rows, std::vector<double>& dt) {
+            exact_backward_rows<double, Stencil>(args, scale, rows, dt);
+          });
+    }
+    if (args.grad_temperature) flash::write_grad_temperature(args, dtau_rows);
   }
 };
 

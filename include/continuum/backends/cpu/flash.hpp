@@ -284,13 +284,15 @@ inline void serial_eigen_in_this_region() {
 // Which rows the tiled kernels take. They compute in T (float accumulates in
 // float), so a row needs, over the data it sees (its query, its dO, and the
 // keys and values in its visible range — nothing else):
-//  * every element finite (NaN and Inf get the exact kernels' semantics);
+//  * every element finite (NaN and Inf get the row-exact kernels' semantics);
+//  * c_i = scale / τ_i representable in T (float: tiny τ);
 //  * moderate scores: c_i ‖q_i‖ max_{j visible} ‖k_j‖ ≤ 4096, and
 //    (hi − lo + 1) · max|v| ≤ 1e30 (float) / 1e290 (double).
 // The decision is made per row, from visible data only, so what a row cannot
 // see never changes how (or by which kernel) it is computed. A row that does
-// not qualify is computed by the exact kernels on its own (the tiled pass treats
-// it as empty); when no row qualifies the whole call goes to the exact kernels.
+// not qualify is handed on (backends/cpu.hpp: float rows to these kernels in
+// double, double rows to the row-exact kernels); the tiled pass treats it as
+// empty.
 // Cost: one pass over Q, K, V (and dO), as the former whole-call scan.
 // ---------------------------------------------------------------------------
 template <class T>
@@ -360,22 +362,39 @@ struct KeyMagnitudes {
   }
 };
 
-/// Per-row eligibility for the tiled kernels (see above), indexed by the row
-/// id (b·Hq + h)·Lq + i: 1 = tiled, 0 = exact. grad_out is null for the
-/// forward. Returns the number of rows with a visible key that are not taken.
+/// Row states of a call, indexed by the row id (b·Hq + h)·Lq + i.
+enum RowState : char {
+  kDeclined = 0,  ///< visible data the tiled kernel in T does not take: handed on
+  kTiled = 1,     ///< computed by the tiled kernel
+  kNotOurs = 2,   ///< outside the call's row subset: left alone
+};
+
+/// The row ids whose state is `state`, ascending.
+inline std::vector<index_t> rows_in_state(const std::vector<char>& ok, char state) {
+  std::vector<index_t> rows;
+  for (std::size_t r = 0; r < ok.size(); ++r)
+    if (ok[r] == state) rows.push_back(index_t(r));
+  return rows;
+}
+
+/// Per-row eligibility for the tiled kernels (see above): ok[row] is a
+/// RowState. subset (null = every row) marks the rows this call computes.
+/// grad_out is null for the forward. Returns the number of declined rows.
 template <class T>
 index_t row_eligibility(const TensorView<const T>& query, const TensorView<const T>& key,
                         const TensorView<const T>& value, const TensorView<const T>* grad_out,
                         const Visibility& vis, const Temperature<T>& temp, double scale, int threads,
-                        std::vector<char>& ok, index_t& visible_rows) {
+                        const char* subset, std::vector<char>& ok) {
   const index_t B = query.batch, Hq = query.heads, Hk = key.heads, Lq = query.seq, Lk = key.seq;
-  ok.assign(std::size_t(B * Hq * Lq), 1);
-  visible_rows = 0;
+  ok.assign(std::size_t(B * Hq * Lq), kTiled);
+  if (subset)
+    for (std::size_t r = 0; r < ok.size(); ++r)
+      if (!subset[r]) ok[r] = kNotOurs;
   if (Hk <= 0 || B <= 0 || Lq <= 0 || Hq <= 0) return 0;
   const index_t group = Hq / Hk, ntasks = B * Hk;
-  index_t rejected = 0, visible = 0;
+  index_t rejected = 0;
 #if defined(_OPENMP)
-#  pragma omp parallel num_threads(threads) if (threads > 1 && ntasks > 1) reduction(+ : rejected, visible)
+#  pragma omp parallel num_threads(threads) if (threads > 1 && ntasks > 1) reduction(+ : rejected)
 #endif
   {
     KeyMagnitudes km;
@@ -387,15 +406,16 @@ index_t row_eligibility(const TensorView<const T>& query, const TensorView<const
       km.build(key, value, b, hk);
       for (index_t h = hk * group; h < (hk + 1) * group; ++h)
         for (index_t i = 0; i < Lq; ++i) {
+          if (ok[std::size_t((b * Hq + h) * Lq + i)] == kNotOurs) continue;
           const KeyRange rg = visible_range(vis, b, i, Lq, Lk);
           if (rg.empty()) continue;
-          ++visible;
           const double tau = double(temperature_of(temp, b, h, i, Hq, Lq));
           const double c = scale / tau;
           double kmax, vmax;
           km.range_max(rg.lo, rg.hi, kmax, vmax);
           const double qn = row_norm_or_inf(query.row(b, h, i), query.dim);
-          bool fine = tau > 0 && std::isfinite(c) && c * qn * kmax <= kFlashMaxScore &&
+          // c = scale / τ is formed in T (folded into q): it must fit T.
+          bool fine = tau > 0 && c <= double(std::numeric_limits<T>::max()) && c * qn * kmax <= kFlashMaxScore &&
                       double(rg.size() + 1) * vmax <= kFlashBound<T>;
           if (fine && grad_out) {
             // dP = dO · Vᵀ stays far from overflow.
@@ -403,13 +423,12 @@ index_t row_eligibility(const TensorView<const T>& query, const TensorView<const
             fine = double(std::max(value.dim, rg.size()) + 1) * gm * vmax <= kFlashBound<T>;
           }
           if (!fine) {
-            ok[std::size_t((b * Hq + h) * Lq + i)] = 0;
+            ok[std::size_t((b * Hq + h) * Lq + i)] = kDeclined;
             ++rejected;
           }
         }
     }
   }
-  visible_rows = visible;
   return rejected;
 }
 
@@ -648,8 +667,8 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, in
     const index_t i = i0 + r;
     ws.range[r] = row_range(a.visibility, b, i, Lq, Lk);
     // A row the tiled kernel does not take (see RowEligibility) is computed
-    // here as empty and rewritten by the exact kernel afterwards.
-    if (ok && !ok[(b * Hq + h) * Lq + i]) ws.range[r] = {0, 0};
+    // here as empty and written by the caller's `declined` afterwards.
+    if (ok && ok[(b * Hq + h) * Lq + i] != kTiled) ws.range[r] = {0, 0};
     if (ws.range[r].hi > ws.range[r].lo) {
       kmin = std::min(kmin, ws.range[r].lo);
       kmax = std::max(kmax, ws.range[r].hi);
@@ -755,25 +774,22 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, in
   }
 }
 
-/// Tiled forward. `scale` is the softmax scale (validated by the caller).
-/// Rows the tiled kernel does not take (row_eligibility) are handed to
-/// exact_rows(rows), which computes each of them with the exact kernel; when
-/// no row with a visible key qualifies, returns false having written nothing
-/// (the caller then runs the exact kernel on the whole call).
-template <class T, bool Continuum, class ExactRows>
-bool forward_native(const ForwardArgs<T>& a, double scale, ExactRows&& exact_rows) {
+/// Tiled forward, arithmetic in T, of the rows in `subset` (null = every
+/// row; the others' outputs are left alone). `scale` is the softmax scale
+/// (validated by the caller). Rows the tiled kernel in T does not take
+/// (row_eligibility) are handed to declined(rows), which computes them
+/// (backends/cpu.hpp: in double, or with the row-exact kernel).
+template <class T, bool Continuum, class Declined>
+void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, Declined&& declined) {
   const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq, D = a.query.dim;
   const index_t Dv = a.value.dim;
-  if (a.probs || a.cell_mass) return false;
   const index_t nqb = (Lq + kBr - 1) / kBr;
   const index_t ntasks = B * Hq * nqb;
   const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
   std::vector<char> ok;
-  index_t visible = 0;
   const index_t rejected = row_eligibility<T>(a.query, a.key, a.value, nullptr, a.visibility, a.temperature, scale,
-                                              threads, ok, visible);
-  if (rejected > 0 && rejected == visible) return false;
-  if (ntasks == 0) return true;
+                                              threads, subset, ok);
+  if (ntasks == 0) return;
 #if defined(_OPENMP)
 #  pragma omp parallel num_threads(threads) if (threads > 1)
 #endif
@@ -789,16 +805,15 @@ bool forward_native(const ForwardArgs<T>& a, double scale, ExactRows&& exact_row
       const index_t bh = task / nqb;
       const index_t b = bh / Hq, h = bh % Hq;
       const index_t i0 = qb * kBr, i1 = std::min(Lq, i0 + kBr);
-      forward_block<T, Continuum>(a, b, h, i0, i1, scale, ws, rejected ? ok.data() : nullptr);
+      if (subset) {  // rows outside the subset are not written
+        bool any = false;
+        for (index_t i = i0; i < i1 && !any; ++i) any = ok[std::size_t((b * Hq + h) * Lq + i)] == kTiled;
+        if (!any) continue;
+      }
+      forward_block<T, Continuum>(a, b, h, i0, i1, scale, ws, subset || rejected ? ok.data() : nullptr);
     }
   }
-  if (rejected > 0) {
-    std::vector<index_t> rows;
-    for (index_t r = 0; r < index_t(ok.size()); ++r)
-      if (!ok[std::size_t(r)]) rows.push_back(r);
-    exact_rows(rows);
-  }
-  return true;
+  if (rejected > 0) declined(rows_in_state(ok, kDeclined));
 }
 
 // ---------------------------------------------------------------------------
@@ -868,8 +883,8 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
       ri.range[i] = row_range(a.visibility, b, i, Lq, Lk);
       ri.tau[i] = temperature_of(a.temperature, b, h, i, Hq, Lq);
       ri.c[i] = T(scale / double(ri.tau[i]));
-      if (ri.range[i].hi <= ri.range[i].lo || (ok && !ok[(b * Hq + h) * Lq + i]))
-        ri.range[i] = {0, 0};  // empty (or left to the exact kernel): no contribution here
+      if (ri.range[i].hi <= ri.range[i].lo || (ok && ok[(b * Hq + h) * Lq + i] != kTiled))
+        ri.range[i] = {0, 0};  // empty (or declined, or not in the subset): no contribution here
     }
     if (a.grad_query.data)
       for (index_t i = 0; i < Lq; ++i) {
@@ -1244,48 +1259,30 @@ std::vector<double> flash_backward_run(const BackwardArgs<T>& a, const char* ok,
   return dtau_rows;
 }
 
-/// Tiled backward, arithmetic in T. Rows the tiled kernel does not take
-/// (row_eligibility) are handed to exact_rows(rows, dtau_rows), which computes
-/// each with the exact kernel, writes its dQ, adds its dK, dV terms and sets its
-/// dτ term; when no row with a visible key qualifies, returns false having
-/// written nothing (the caller runs the exact kernel on the whole call).
-template <class T, bool Continuum, class ExactRows>
-bool backward_native(const BackwardArgs<T>& a, double scale, ExactRows&& exact_rows) {
+/// Tiled backward, arithmetic in T, of the rows in `subset` (null = every
+/// row): writes dQ of those rows, dK and dV from those rows alone (every key
+/// is written) and returns their per-row dτ terms (empty when no dτ is
+/// wanted; 0 for the other rows); grad_temperature itself is not written.
+/// Rows the tiled kernel in T does not take (row_eligibility) are handed to
+/// declined(rows, dtau_rows), which writes their dQ, adds their dK, dV terms
+/// and sets their dτ terms (backends/cpu.hpp).
+template <class T, bool Continuum, class Declined>
+std::vector<double> backward_tiled(const BackwardArgs<T>& a, double scale, const char* subset, Declined&& declined) {
   const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
   const index_t group = Hk > 0 ? Hq / Hk : 0;  // Hk = 0 (nothing to do): no division by zero
   const index_t ntasks = B * Hk;
   const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
   std::vector<char> ok;
-  index_t visible = 0;
   const index_t rejected = row_eligibility<T>(a.query, a.key, a.value, &a.grad_out, a.visibility, a.temperature,
-                                              scale, threads, ok, visible);
-  if (rejected > 0 && rejected == visible) return false;
-  const char* okp = rejected ? ok.data() : nullptr;
+                                              scale, threads, subset, ok);
+  const char* okp = subset || rejected ? ok.data() : nullptr;
   std::vector<double> dtau_rows;
   if (ntasks > 0)
     dtau_rows = flash_backward_run<T, Continuum>(a, okp, scale, threads, group);
   else if (a.grad_temperature)
     dtau_rows.assign(std::size_t(B * Hq * Lq), 0.0);
-  if (rejected > 0) {
-    std::vector<index_t> rows;
-    for (index_t r = 0; r < index_t(ok.size()); ++r)
-      if (!ok[std::size_t(r)]) rows.push_back(r);
-    exact_rows(rows, dtau_rows);
-  }
-  if (a.grad_temperature) write_grad_temperature(a, dtau_rows);
-  return true;
-}
-
-/// Entry points (backends/cpu.hpp calls them when args.float_arithmetic):
-/// arithmetic in the storage type T. Return false, having written nothing,
-/// when the inputs do not suit the tiled kernels.
-template <class T, bool Continuum, class ExactRows>
-bool flash_forward(const ForwardArgs<T>& a, double scale, ExactRows&& exact_rows) {
-  return forward_native<T, Continuum>(a, scale, exact_rows);
-}
-template <class T, bool Continuum, class ExactRows>
-bool flash_backward(const BackwardArgs<T>& a, double scale, ExactRows&& exact_rows) {
-  return backward_native<T, Continuum>(a, scale, exact_rows);
+  if (rejected > 0) declined(rows_in_state(ok, kDeclined), dtau_rows);
+  return dtau_rows;
 }
 
 }  // namespace flash

@@ -24,9 +24,15 @@ inline constexpr index_t max_head_dim = 256;
 /// (per-head / per-query temperature, explicit ranges) are checked on the
 /// device (device_array_check_body below); their sizes and aliasing are
 /// checked here, from the pointers alone. Also head_dim, value dim <= 256 and
-/// no probs / cell_mass.
+/// no probs / cell_mass; compute automatic or float32 (the kernels compute in float).
 template <class T>
-ValidateOptions device_options(const char* fn) {
+ValidateOptions device_options(const char* fn, Compute compute) {
+  // The CUDA kernels compute in float (accum_t<T>) only.
+  if (compute == Compute::float64)
+    detail::fail(fn, "compute: float64 is CPU-only (the CUDA backend computes in float); pass "
+                     "Compute::automatic");
+  if (compute != Compute::automatic && compute != Compute::float32)
+    detail::fail(fn, "compute: not a Compute value (" + std::to_string(static_cast<int>(compute)) + ")");
   ValidateOptions opt;
   opt.fn = fn;
   opt.host_arrays = false;
@@ -46,7 +52,7 @@ AttentionShape validate_forward_device(const ForwardArgs<T>& a, double* scale_ou
   const char* fn = "attention_forward(cuda)";
   if (a.probs != nullptr || a.cell_mass != nullptr)
     detail::fail(fn, "probs / cell_mass: inspection outputs are CPU-only, pass null");
-  const AttentionShape s = validate_forward(a, scale_out, device_options<T>(fn));
+  const AttentionShape s = validate_forward(a, scale_out, device_options<T>(fn, a.compute));
   check_cuda_limits(fn, s);
   return s;
 }
@@ -54,7 +60,7 @@ AttentionShape validate_forward_device(const ForwardArgs<T>& a, double* scale_ou
 template <class T>
 AttentionShape validate_backward_device(const BackwardArgs<T>& a, double* scale_out) {
   const char* fn = "attention_backward(cuda)";
-  const AttentionShape s = validate_backward(a, scale_out, device_options<T>(fn));
+  const AttentionShape s = validate_backward(a, scale_out, device_options<T>(fn, a.compute));
   check_cuda_limits(fn, s);
   return s;
 }
