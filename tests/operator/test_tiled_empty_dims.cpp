@@ -1,4 +1,4 @@
-// The tiled CPU kernels (backends/cpu/flash.hpp, float_arithmetic = true) with
+// The tiled CPU kernels (backends/cpu/tiled.hpp, float_arithmetic = true) with
 // an empty head dimension: D = 0 (every score is 0, so o is a fixed average of
 // the visible values) and Dv = 0 (no output columns, but lse, dQ, dK, dτ are
 // still defined: dP = dO·V = 0, so dQ = dK = 0 and dτ = 0). Their workspace

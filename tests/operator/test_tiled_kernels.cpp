@@ -1,4 +1,4 @@
-// The tiled CPU kernels (backends/cpu/flash.hpp) against the 256-bit reference,
+// The tiled CPU kernels (backends/cpu/tiled.hpp) against the 256-bit reference,
 // on shapes that cross every tile boundary (key tiles of 128, query blocks of
 // 256 with sub-blocks of 64, backward query tiles of 64; kept small because
 // the reference is 256-bit), for float with the

@@ -1,10 +1,10 @@
-// The tiled kernels' K/V tile packing (backends/cpu/flash.hpp pack_transposed:
+// The tiled kernels' K/V tile packing (backends/cpu/tiled.hpp pack_transposed:
 // W × W blocks transposed in registers, scalar edges, zero padding) against the
 // definition dst[d·ldd + c] = src[c·lds + d] (c < n), 0 (n ≤ c < ldd), for
 // sizes on both sides of the vector width.
 #include <catch2/catch.hpp>
 
-#include <continuum/backends/cpu/flash.hpp>
+#include <continuum/backends/cpu/tiled.hpp>
 
 #include <vector>
 
@@ -16,7 +16,7 @@ TEMPLATE_TEST_CASE("pack_transposed is the transpose, zero-padded", "[unit][tile
   std::vector<TestType> src(static_cast<std::size_t>(std::max<index_t>(1, n * lds)));
   for (std::size_t i = 0; i < src.size(); ++i) src[i] = TestType(i + 1);
   std::vector<TestType> dst(static_cast<std::size_t>(cols * ldd), TestType(-7));
-  continuum::cpu_detail::flash::pack_transposed<TestType>(src.data(), lds, n, cols, dst.data(), ldd);
+  continuum::cpu_detail::tiled::pack_transposed<TestType>(src.data(), lds, n, cols, dst.data(), ldd);
   index_t wrong = 0;
   for (index_t d = 0; d < cols; ++d)
     for (index_t c = 0; c < ldd; ++c)

@@ -1,7 +1,7 @@
 // backends/cpu.hpp — the CPU backend: attention_impl<cpu_t> (STYLE.md,
 // "Backend selection at compile time").
 //
-// Every call runs the tiled kernels (cpu/flash.hpp) in the arithmetic that
+// Every call runs the tiled kernels (cpu/tiled.hpp) in the arithmetic that
 // args.compute selects (params.hpp, Compute):
 //   float storage, float compute (the default): tiled in float; the rows whose
 //     visible data float cannot hold go to the same kernels in double
@@ -20,7 +20,7 @@
 
 #include "backend.hpp"
 #include "cpu/backward.hpp"
-#include "cpu/flash.hpp"
+#include "cpu/tiled.hpp"
 #include "cpu/forward.hpp"
 #include "cpu/widen.hpp"
 
@@ -71,7 +71,7 @@ void exact_forward_rows(const ForwardArgs<T>& a, double scale, const std::vector
     f.out = row_view(a.out, r.b, r.h, r.i);
     f.lse = a.lse ? a.lse + row : nullptr;
     f.kernel = a.kernel;
-    f.temperature.value = flash::temperature_of(a.temperature, r.b, r.h, r.i, a.query.heads, a.query.seq);
+    f.temperature.value = tiled::temperature_of(a.temperature, r.b, r.h, r.i, a.query.heads, a.query.seq);
     f.visibility.range_lo = &r.lohi[0];
     f.visibility.range_hi = &r.lohi[1];
     f.num_threads = 1;
@@ -101,7 +101,7 @@ void exact_backward_rows(const BackwardArgs<T>& a, double scale, const std::vect
     T dtau = T(0);
     g.grad_temperature = a.grad_temperature ? &dtau : nullptr;
     g.kernel = a.kernel;
-    g.temperature.value = flash::temperature_of(a.temperature, r.b, r.h, r.i, a.query.heads, a.query.seq);
+    g.temperature.value = tiled::temperature_of(a.temperature, r.b, r.h, r.i, a.query.heads, a.query.seq);
     g.visibility.range_lo = &r.lohi[0];
     g.visibility.range_hi = &r.lohi[1];
     g.num_threads = 1;
@@ -138,7 +138,7 @@ void forward_in_double(const ForwardArgs<float>& a, const AttentionShape& sh, do
   constexpr bool kContinuum = std::is_same<Stencil, ContinuumStencil>::value;
   const WideForward w(a, sh);
   const std::vector<char> subset = rows ? subset_of(*rows, sh.rows()) : std::vector<char>();
-  flash::forward_tiled<double, kContinuum>(w.args, scale, rows ? subset.data() : nullptr,
+  tiled::forward_tiled<double, kContinuum>(w.args, scale, rows ? subset.data() : nullptr,
                                            [&](const std::vector<index_t>& declined) {
                                              exact_forward_rows<double, Stencil>(w.args, scale, declined);
                                            });
@@ -157,7 +157,7 @@ void backward_in_double(const BackwardArgs<float>& a, const AttentionShape& sh, 
   constexpr bool kContinuum = std::is_same<Stencil, ContinuumStencil>::value;
   const WideBackward w(a, sh);
   const std::vector<char> subset = rows ? subset_of(*rows, sh.rows()) : std::vector<char>();
-  const std::vector<double> dtau = flash::backward_tiled<double, kContinuum>(
+  const std::vector<double> dtau = tiled::backward_tiled<double, kContinuum>(
       w.args, scale, rows ? subset.data() : nullptr,
       [&](const std::vector<index_t>& declined, std::vector<double>& dt) {
         exact_backward_rows<double, Stencil>(w.args, scale, declined, dt);
@@ -209,11 +209,11 @@ struct attention_impl<cpu_t> {
         forward_in_double<Stencil>(args, shape, scale, nullptr);
         return;
       }
-      flash::forward_tiled<float, kContinuum>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
+      tiled::forward_tiled<float, kContinuum>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
         forward_in_double<Stencil>(args, shape, scale, &rows);
       });
     } else {
-      flash::forward_tiled<double, kContinuum>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
+      tiled::forward_tiled<double, kContinuum>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
         exact_forward_rows<double, Stencil>(args, scale, rows);
       });
     }
@@ -229,18 +229,18 @@ struct attention_impl<cpu_t> {
       if (args.compute == Compute::float64) {
         backward_in_double<Stencil>(args, shape, scale, nullptr, dtau_rows);
       } else {
-        dtau_rows = flash::backward_tiled<float, kContinuum>(
+        dtau_rows = tiled::backward_tiled<float, kContinuum>(
             args, scale, nullptr, [&](const std::vector<index_t>& rows, std::vector<double>& dt) {
               backward_in_double<Stencil>(args, shape, scale, &rows, dt);
             });
       }
     } else {
-      dtau_rows = flash::backward_tiled<double, kContinuum>(
+      dtau_rows = tiled::backward_tiled<double, kContinuum>(
           args, scale, nullptr, [&](const std::vector<index_t>& rows, std::vector<double>& dt) {
             exact_backward_rows<double, Stencil>(args, scale, rows, dt);
           });
     }
-    if (args.grad_temperature) flash::write_grad_temperature(args, dtau_rows);
+    if (args.grad_temperature) tiled::write_grad_temperature(args, dtau_rows);
   }
 };
 

@@ -1,5 +1,5 @@
 // backends/cpu/tile_gemm.hpp — a register-blocked GEMM micro-kernel for the
-// small products inside one attention tile (flash.hpp), where a library GEMM
+// small products inside one attention tile (tiled.hpp), where a library GEMM
 // spends much of its time packing and dispatching.
 //
 //   C (M × N, row stride ldc)  =  or +=  A (M × K) · B (K × N, row stride ldb)
@@ -93,7 +93,7 @@ inline void scalar_columns(index_t M, index_t n0, index_t N, index_t K, const T*
 /// C (M × N) = or += A · B; A(r, k) = A[r·sa_r + k·sa_k]; B(k, n) = B[k·ldb + n];
 /// C(r, n) = C[r·ldc + n]. Reads exactly the N columns of B and C. K ≥ 1: for
 /// K = 0 A and B may be null (empty workspaces), and B + j·W would offset a
-/// null pointer; flash.hpp's gemm() handles the empty sum before calling this.
+/// null pointer; tiled.hpp's gemm() handles the empty sum before calling this.
 template <class T>
 inline void tile_gemm(index_t M, index_t N, index_t K, const T* A, index_t sa_r, index_t sa_k, const T* B,
                       index_t ldb, T* C, index_t ldc, bool accumulate) {

@@ -1,6 +1,6 @@
 // backends/cpu/vector_moments.hpp — branch-free, vectorisable versions of the
 // exponential and of the segment weights of MATH.md §4–§5, for the tiled CPU
-// kernels (backends/cpu/flash.hpp).
+// kernels (backends/cpu/tiled.hpp).
 //
 // The scalar primitives in math/ (mu0 … nu2, segment_weight …) branch on the
 // argument and call std::exp/expm1, which the compiler cannot vectorise. Here

@@ -1,4 +1,4 @@
-// backends/cpu/flash.hpp — tiled (FlashAttention-2 style) CPU kernels for the
+// backends/cpu/tiled.hpp — tiled (FlashAttention-2 style) CPU kernels for the
 // forward and backward of continuum, softmax and focal attention.
 //
 // Forward (MATH.md §4–§5, "numerical form"): one task per (batch, query head,
@@ -65,8 +65,8 @@
 
 namespace continuum {
 namespace cpu_detail {
-/// The tiled kernels (entry points flash_forward, flash_backward).
-namespace flash {
+/// The tiled kernels (entry points forward_tiled, backward_tiled).
+namespace tiled {
 
 /// Tile sizes (rows of queries × keys). 64 × 128 keeps the working set of a
 /// tile (Q, K, V, S, W, O) near 100 KiB in float: inside L2 on current CPUs.
@@ -1229,7 +1229,7 @@ void write_grad_temperature(const BackwardArgs<T>& a, const std::vector<double>&
 /// The tiled backward over every (batch, KV head); returns the per-row dτ
 /// terms -(1/τ_i) Σ_j dS_ij s_ij (empty when no dτ is wanted).
 template <class T, bool Continuum>
-std::vector<double> flash_backward_run(const BackwardArgs<T>& a, const char* ok, double scale, int threads,
+std::vector<double> backward_run(const BackwardArgs<T>& a, const char* ok, double scale, int threads,
                                        index_t group) {
   const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
   const index_t D = a.query.dim, Dv = a.value.dim;
@@ -1278,13 +1278,13 @@ std::vector<double> backward_tiled(const BackwardArgs<T>& a, double scale, const
   const char* okp = subset || rejected ? ok.data() : nullptr;
   std::vector<double> dtau_rows;
   if (ntasks > 0)
-    dtau_rows = flash_backward_run<T, Continuum>(a, okp, scale, threads, group);
+    dtau_rows = backward_run<T, Continuum>(a, okp, scale, threads, group);
   else if (a.grad_temperature)
     dtau_rows.assign(std::size_t(B * Hq * Lq), 0.0);
   if (rejected > 0) declined(rows_in_state(ok, kDeclined), dtau_rows);
   return dtau_rows;
 }
 
-}  // namespace flash
+}  // namespace tiled
 }  // namespace cpu_detail
 }  // namespace continuum
