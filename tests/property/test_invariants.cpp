@@ -79,7 +79,8 @@ TEMPLATE_TEST_CASE("MATH.md §7.3 adding a constant to a row's scores changes no
     c->vis.causal = true;
     c->alloc();
   }
-  auto rng = rng_for(static_cast<std::uint64_t>(C * 1e6));
+  // (via int64: a negative double converted straight to unsigned is UB)
+  auto rng = rng_for(static_cast<std::uint64_t>(static_cast<std::int64_t>(C * 1e6)));
   a.fill_uniform(rng);
   b.fill_uniform(rng);
   for (index_t i = 0; i < 5; ++i)
