@@ -66,26 +66,34 @@ inline Temperature<double> widened(const Temperature<float>& t, const AttentionS
   return w;
 }
 
+/// What forward and backward arguments share, in double: Q, K, V (copied
+/// into q, k, v), the temperature (its array into tau) and the options.
+template <class Args, class WideArgs>
+void widen_shared(const Args& a, const AttentionShape& s, WideArgs& w, std::vector<double>& q,
+                  std::vector<double>& k, std::vector<double>& v, std::vector<double>& tau) {
+  w.query = widened(a.query, q);
+  w.key = widened(a.key, k);
+  w.value = widened(a.value, v);
+  w.kernel = a.kernel;
+  w.temperature = widened(a.temperature, s, tau);
+  w.scale = a.scale;
+  w.visibility = a.visibility;
+  w.compute = Compute::automatic;
+  w.num_threads = a.num_threads;
+}
+
 /// Forward arguments of float storage in double. P and π are not carried
 /// (the caller computes inspection outputs with the row-exact kernel).
 struct WideForward {
   std::vector<double> q, k, v, o, lse, tau;
   ForwardArgs<double> args;
   WideForward(const ForwardArgs<float>& a, const AttentionShape& s) {
-    args.query = widened(a.query, q);
-    args.key = widened(a.key, k);
-    args.value = widened(a.value, v);
+    widen_shared(a, s, args, q, k, v, tau);
     args.out = widened_output(a.out, o);
     if (a.lse) {
       lse.assign(std::size_t(s.rows()), 0.0);
       args.lse = lse.data();
     }
-    args.kernel = a.kernel;
-    args.temperature = widened(a.temperature, s, tau);
-    args.scale = a.scale;
-    args.visibility = a.visibility;
-    args.compute = Compute::automatic;
-    args.num_threads = a.num_threads;
   }
   /// Rounds row `row`'s out and lse into the caller's arguments.
   void narrow(const ForwardArgs<float>& a, index_t row) const {
@@ -100,9 +108,7 @@ struct WideBackward {
   std::vector<double> q, k, v, go, gq, gk, gv, gt, tau;
   BackwardArgs<double> args;
   WideBackward(const BackwardArgs<float>& a, const AttentionShape& s) {
-    args.query = widened(a.query, q);
-    args.key = widened(a.key, k);
-    args.value = widened(a.value, v);
+    widen_shared(a, s, args, q, k, v, tau);
     args.grad_out = widened(a.grad_out, go);
     args.grad_query = widened_output(a.grad_query, gq);
     args.grad_key = widened_output(a.grad_key, gk);
@@ -111,12 +117,6 @@ struct WideBackward {
       gt.assign(std::size_t(detail::temperature_count(a.temperature, s)), 0.0);
       args.grad_temperature = gt.data();
     }
-    args.kernel = a.kernel;
-    args.temperature = widened(a.temperature, s, tau);
-    args.scale = a.scale;
-    args.visibility = a.visibility;
-    args.compute = Compute::automatic;
-    args.num_threads = a.num_threads;
   }
 };
 
