@@ -309,8 +309,8 @@ void check_temperature(const char* fn, const Temperature<T>& t, const AttentionS
                    num(static_cast<double>(tau)) + " overflows");
     fail(fn, name + ": too small for this kernel, scale / temperature = " + num(scale) + " / " +
                  num(static_cast<double>(tau)) + " = " + num(c) +
-                 " overflows float, in which the kernel forms it (Compute::float64 forms it in "
-                 "double)");
+                 " overflows float, in which the kernel forms it (the CUDA backend's float "
+                 "accumulator; the CPU backend computes such rows in double)");
   };
   switch (t.shape) {
     case TemperatureShape::scalar: check_one(t.value, -1); break;
