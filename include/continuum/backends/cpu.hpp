@@ -23,6 +23,10 @@
 #include "cpu/tiled.hpp"
 #include "cpu/forward.hpp"
 #include "cpu/widen.hpp"
+#include "cpu/isa.hpp"
+#if defined(CONTINUUM_CPU_DISPATCH)
+#  include "cpu/dispatch.hpp"
+#endif
 
 namespace continuum {
 namespace cpu_detail {
@@ -189,58 +193,82 @@ void backward_in_double(const BackwardArgs<float>& a, const AttentionShape& sh, 
   }
 }
 
+/// The CPU forward of one validated call (attention_impl<cpu_t>::forward),
+/// compiled for this translation unit's instruction set (isa.hpp).
+template <class T, class Stencil>
+void run_forward(const ForwardArgs<T>& args, const AttentionShape& shape, double scale) {
+  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
+                "continuum CPU backend: T must be float or double");
+  constexpr bool kContinuum = std::is_same<Stencil, ContinuumStencil>::value;
+  if (args.probs != nullptr || args.cell_mass != nullptr) {
+    // Inspection outputs (small inputs): the row-exact kernel, in double.
+    forward<T, Stencil>(args, shape, scale);
+    return;
+  }
+  if constexpr (std::is_same<T, float>::value) {
+    if (args.compute == Compute::float64) {
+      forward_in_double<Stencil>(args, shape, scale, nullptr);
+      return;
+    }
+    tiled::forward_tiled<float, kContinuum>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
+      forward_in_double<Stencil>(args, shape, scale, &rows);
+    });
+  } else {
+    tiled::forward_tiled<double, kContinuum>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
+      exact_forward_rows<double, Stencil>(args, scale, rows);
+    });
+  }
+}
+
+/// The CPU backward of one validated call (attention_impl<cpu_t>::backward).
+template <class T, class Stencil>
+void run_backward(const BackwardArgs<T>& args, const AttentionShape& shape, double scale) {
+  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
+                "continuum CPU backend: T must be float or double");
+  constexpr bool kContinuum = std::is_same<Stencil, ContinuumStencil>::value;
+  std::vector<double> dtau_rows;
+  if constexpr (std::is_same<T, float>::value) {
+    if (args.compute == Compute::float64) {
+      backward_in_double<Stencil>(args, shape, scale, nullptr, dtau_rows);
+    } else {
+      dtau_rows = tiled::backward_tiled<float, kContinuum>(
+          args, scale, nullptr, [&](const std::vector<index_t>& rows, std::vector<double>& dt) {
+            backward_in_double<Stencil>(args, shape, scale, &rows, dt);
+          });
+    }
+  } else {
+    dtau_rows = tiled::backward_tiled<double, kContinuum>(
+        args, scale, nullptr, [&](const std::vector<index_t>& rows, std::vector<double>& dt) {
+          exact_backward_rows<double, Stencil>(args, scale, rows, dt);
+        });
+  }
+  if (args.grad_temperature) tiled::write_grad_temperature(args, dtau_rows);
+}
+
 }  // namespace cpu_detail
 
+/// The CPU backend. Built with CONTINUUM_CPU_DISPATCH (the project's own
+/// binaries: the CMake target continuum::cpu_dispatch), each call runs the
+/// kernels compiled for the best instruction set the running CPU has
+/// (cpu/dispatch.hpp); otherwise the kernels of this translation unit's
+/// target (-march), inline.
 template <>
 struct attention_impl<cpu_t> {
   template <class T, class Stencil>
   static void forward(const ForwardArgs<T>& args, const AttentionShape& shape, double scale) {
-    static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
-                  "continuum CPU backend: T must be float or double");
-    using namespace cpu_detail;
-    constexpr bool kContinuum = std::is_same<Stencil, ContinuumStencil>::value;
-    if (args.probs != nullptr || args.cell_mass != nullptr) {
-      // Inspection outputs (small inputs): the row-exact kernel, in double.
-      cpu_detail::forward<T, Stencil>(args, shape, scale);
-      return;
-    }
-    if constexpr (std::is_same<T, float>::value) {
-      if (args.compute == Compute::float64) {
-        forward_in_double<Stencil>(args, shape, scale, nullptr);
-        return;
-      }
-      tiled::forward_tiled<float, kContinuum>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
-        forward_in_double<Stencil>(args, shape, scale, &rows);
-      });
-    } else {
-      tiled::forward_tiled<double, kContinuum>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
-        exact_forward_rows<double, Stencil>(args, scale, rows);
-      });
-    }
+#if defined(CONTINUUM_CPU_DISPATCH)
+    cpu_dispatch::forward(args, shape, scale, Stencil{});
+#else
+    cpu_detail::run_forward<T, Stencil>(args, shape, scale);
+#endif
   }
   template <class T, class Stencil>
   static void backward(const BackwardArgs<T>& args, const AttentionShape& shape, double scale) {
-    static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
-                  "continuum CPU backend: T must be float or double");
-    using namespace cpu_detail;
-    constexpr bool kContinuum = std::is_same<Stencil, ContinuumStencil>::value;
-    std::vector<double> dtau_rows;
-    if constexpr (std::is_same<T, float>::value) {
-      if (args.compute == Compute::float64) {
-        backward_in_double<Stencil>(args, shape, scale, nullptr, dtau_rows);
-      } else {
-        dtau_rows = tiled::backward_tiled<float, kContinuum>(
-            args, scale, nullptr, [&](const std::vector<index_t>& rows, std::vector<double>& dt) {
-              backward_in_double<Stencil>(args, shape, scale, &rows, dt);
-            });
-      }
-    } else {
-      dtau_rows = tiled::backward_tiled<double, kContinuum>(
-          args, scale, nullptr, [&](const std::vector<index_t>& rows, std::vector<double>& dt) {
-            exact_backward_rows<double, Stencil>(args, scale, rows, dt);
-          });
-    }
-    if (args.grad_temperature) tiled::write_grad_temperature(args, dtau_rows);
+#if defined(CONTINUUM_CPU_DISPATCH)
+    cpu_dispatch::backward(args, shape, scale, Stencil{});
+#else
+    cpu_detail::run_backward<T, Stencil>(args, shape, scale);
+#endif
   }
 };
 

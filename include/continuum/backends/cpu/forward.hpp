@@ -11,6 +11,7 @@
 #include "../backend.hpp"
 #include "parallel.hpp"
 #include "tile.hpp"
+#include "isa.hpp"
 
 namespace continuum {
 namespace cpu_detail {

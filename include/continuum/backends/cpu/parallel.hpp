@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "isa.hpp"
+
 #if defined(_OPENMP)
 #  include <omp.h>
 #endif

@@ -7,14 +7,10 @@
 #include <cstdint>
 #include <utility>
 
-// nvcc's front end (a translation unit that includes the CPU backend next to the
-// CUDA one) does not take __builtin_shufflevector with pack expansions: there
-// the CPU kernels use their plain loops.
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && !defined(CONTINUUM_NO_CPU_SIMD)
-#  define CONTINUUM_CPU_SIMD 1
-#  if defined(__AVX512F__) || defined(__FMA__)
-#    include <immintrin.h>
-#  endif
+#include "isa.hpp"  // CONTINUUM_CPU_SIMD, the kernels' namespace
+
+#if defined(CONTINUUM_CPU_SIMD) && (defined(__AVX512F__) || defined(__FMA__))
+#  include <immintrin.h>
 #endif
 
 namespace continuum {
@@ -79,7 +75,9 @@ struct Simd {
 /// contraction).
 template <class T>
 inline typename Simd<T>::v vmadd(T a, typename Simd<T>::v b, typename Simd<T>::v c) {
+#  if defined(__AVX512F__) || defined(__FMA__)
   using V = typename Simd<T>::v;
+#  endif
 #  if defined(__AVX512F__)
   if constexpr (kSimdBytes == 64) {
     if constexpr (sizeof(T) == 4)

@@ -12,6 +12,7 @@
 #include "../../attention/validate.hpp"
 #include "../../attention/visibility.hpp"
 #include "../../detail/row_state.hpp"
+#include "isa.hpp"
 
 #if defined(_OPENMP)
 #  define CONTINUUM_PRAGMA_SIMD _Pragma("omp simd")

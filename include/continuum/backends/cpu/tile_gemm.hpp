@@ -19,6 +19,7 @@
 
 #include "../../attention/params.hpp"
 #include "simd.hpp"
+#include "isa.hpp"
 
 namespace continuum {
 namespace cpu_detail {

@@ -62,6 +62,7 @@
 #include "backward.hpp"
 #include "tile_gemm.hpp"
 #include "vector_moments.hpp"
+#include "isa.hpp"
 
 namespace continuum {
 namespace cpu_detail {

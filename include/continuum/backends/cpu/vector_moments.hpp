@@ -44,6 +44,7 @@
 
 #include "../../config.hpp"
 #include "simd.hpp"
+#include "isa.hpp"
 
 namespace continuum {
 namespace cpu_detail {

@@ -13,6 +13,7 @@
 
 #include "../../attention/params.hpp"
 #include "../../attention/validate.hpp"
+#include "isa.hpp"
 
 namespace continuum {
 namespace cpu_detail {

@@ -1,0 +1,76 @@
+// backends/cpu/dispatch.hpp — run-time choice of the instruction set of the CPU
+// kernels (MATH.md §10, "Instruction sets"), for binaries built with the CMake target
+// continuum::cpu_dispatch, which defines CONTINUUM_CPU_DISPATCH and links one
+// object of kernels per instruction set (src/cpu_kernels.cpp compiled for
+// x86-64, x86-64 + AVX2/FMA and x86-64 + AVX-512).
+//
+// A header-only user who compiles with -march=native gets the same kernels
+// inline and needs none of this: attention_impl<cpu_t> (cpu.hpp) calls the
+// functions below only when CONTINUUM_CPU_DISPATCH is defined.
+#pragma once
+
+#include <string>
+
+#include "../../attention/params.hpp"
+#include "../../attention/validate.hpp"
+#include "../../math/density.hpp"
+
+namespace continuum {
+namespace cpu_dispatch {
+
+/// The instruction sets that kernels are built for, lowest first. Each one's
+/// CPUID requirements: sse2 — x86-64; avx2 — AVX2, FMA, BMI1, BMI2; avx512 —
+/// those and AVX-512 F, BW, DQ, VL, CD.
+enum class Isa { sse2 = 0, avx2 = 1, avx512 = 2 };
+inline constexpr int kIsaCount = 3;
+
+/// "sse2", "avx2", "avx512".
+const char* name(Isa isa);
+
+/// Whether the running CPU and operating system can run isa's kernels.
+bool supported(Isa isa);
+
+/// The instruction set of every later call: the best one the CPU supports, or
+/// the one the environment variable CONTINUUM_CPU_ISA names (sse2, avx2,
+/// avx512; read once, at the first call), or the last select().
+/// \throws std::invalid_argument when CONTINUUM_CPU_ISA names an unknown
+///         instruction set or one this CPU cannot run.
+Isa selected();
+
+/// Use isa's kernels from now on (every thread; for tests and benchmarks that
+/// compare instruction sets). Not to be called while another thread is inside
+/// an attention call.
+/// \throws std::invalid_argument when the CPU cannot run isa's kernels.
+void select(Isa isa);
+
+/// The instruction set named `text` ("sse2", "avx2", "avx512").
+/// \throws std::invalid_argument naming the accepted names.
+Isa parse(const std::string& text);
+
+/// attention_impl<cpu_t>'s forward and backward on the selected kernels: a
+/// validated call (attention_forward / attention_backward, MATH.md §4–§6).
+void forward(const ForwardArgs<float>& args, const AttentionShape& shape, double scale, ContinuumStencil);
+void forward(const ForwardArgs<float>& args, const AttentionShape& shape, double scale, SoftmaxStencil);
+void forward(const ForwardArgs<double>& args, const AttentionShape& shape, double scale, ContinuumStencil);
+void forward(const ForwardArgs<double>& args, const AttentionShape& shape, double scale, SoftmaxStencil);
+void backward(const BackwardArgs<float>& args, const AttentionShape& shape, double scale, ContinuumStencil);
+void backward(const BackwardArgs<float>& args, const AttentionShape& shape, double scale, SoftmaxStencil);
+void backward(const BackwardArgs<double>& args, const AttentionShape& shape, double scale, ContinuumStencil);
+void backward(const BackwardArgs<double>& args, const AttentionShape& shape, double scale, SoftmaxStencil);
+
+/// One instruction set's kernels (src/cpu_kernels.cpp); index [0] is the
+/// continuum stencil, [1] softmax (and focal).
+struct KernelTable {
+  template <class T>
+  using Forward = void (*)(const ForwardArgs<T>&, const AttentionShape&, double);
+  template <class T>
+  using Backward = void (*)(const BackwardArgs<T>&, const AttentionShape&, double);
+  const char* isa;  // cpu_detail::kCompiledIsa of the object
+  Forward<float> forward_float[2];
+  Forward<double> forward_double[2];
+  Backward<float> backward_float[2];
+  Backward<double> backward_double[2];
+};
+
+}  // namespace cpu_dispatch
+}  // namespace continuum

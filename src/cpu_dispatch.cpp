@@ -1,0 +1,131 @@
+// src/cpu_dispatch.cpp — run-time choice of the CPU kernels' instruction set
+// (include/continuum/backends/cpu/dispatch.hpp, MATH.md §10, "Instruction sets"). Compiled for
+// the baseline (x86-64); it reads CPUID through the compiler's
+// __builtin_cpu_supports, which also checks that the operating system saves
+// the AVX / AVX-512 registers.
+#include <continuum/backends/cpu/dispatch.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+// The tables of src/cpu_kernels.cpp, one per instruction set (namespaces
+// continuum::cpu_<isa>::cpu_detail, backends/cpu/isa.hpp).
+namespace continuum {
+namespace cpu_sse2 { namespace cpu_detail { extern const cpu_dispatch::KernelTable kernel_table; } }
+namespace cpu_avx2 { namespace cpu_detail { extern const cpu_dispatch::KernelTable kernel_table; } }
+namespace cpu_avx512 { namespace cpu_detail { extern const cpu_dispatch::KernelTable kernel_table; } }
+}  // namespace continuum
+
+namespace continuum {
+namespace cpu_dispatch {
+namespace {
+
+const KernelTable* const kTables[kIsaCount] = {&cpu_sse2::cpu_detail::kernel_table,
+                                               &cpu_avx2::cpu_detail::kernel_table,
+                                               &cpu_avx512::cpu_detail::kernel_table};
+
+Isa best_supported() {
+  for (int i = kIsaCount - 1; i > 0; --i)
+    if (supported(Isa(i))) return Isa(i);
+  return Isa::sse2;
+}
+
+Isa initial() {
+  const char* env = std::getenv("CONTINUUM_CPU_ISA");
+  if (env == nullptr || *env == '\0') return best_supported();
+  Isa isa;
+  try {
+    isa = parse(env);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("CONTINUUM_CPU_ISA: ") + e.what());
+  }
+  if (!supported(isa))
+    throw std::invalid_argument(std::string("CONTINUUM_CPU_ISA=") + env + ": this CPU cannot run " + env +
+                                " kernels (the best it can run is " + name(best_supported()) + ")");
+  return isa;
+}
+
+// -1 until the first call reads the environment; then the selected Isa.
+std::atomic<int> g_selected{-1};
+
+const KernelTable& table() { return *kTables[int(selected())]; }
+
+}  // namespace
+
+const char* name(Isa isa) {
+  switch (isa) {
+    case Isa::sse2: return "sse2";
+    case Isa::avx2: return "avx2";
+    case Isa::avx512: return "avx512";
+  }
+  return "?";
+}
+
+Isa parse(const std::string& text) {
+  for (int i = 0; i < kIsaCount; ++i)
+    if (text == name(Isa(i))) return Isa(i);
+  throw std::invalid_argument("unknown instruction set '" + text + "' (expected sse2, avx2 or avx512)");
+}
+
+bool supported(Isa isa) {
+  __builtin_cpu_init();
+  switch (isa) {
+    case Isa::sse2: return true;
+    case Isa::avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi") &&
+             __builtin_cpu_supports("bmi2");
+    case Isa::avx512:
+      return supported(Isa::avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512cd");
+  }
+  return false;
+}
+
+Isa selected() {
+  int s = g_selected.load(std::memory_order_acquire);
+  if (s < 0) {
+    static const Isa first = initial();  // thread-safe; a throw is retried at the next call
+    int expected = -1;
+    g_selected.compare_exchange_strong(expected, int(first), std::memory_order_acq_rel);
+    s = g_selected.load(std::memory_order_acquire);
+  }
+  return Isa(s);
+}
+
+void select(Isa isa) {
+  if (!supported(isa))
+    throw std::invalid_argument(std::string("cpu_dispatch::select: this CPU cannot run ") + name(isa) +
+                                " kernels");
+  g_selected.store(int(isa), std::memory_order_release);
+}
+
+void forward(const ForwardArgs<float>& a, const AttentionShape& s, double c, ContinuumStencil) {
+  table().forward_float[0](a, s, c);
+}
+void forward(const ForwardArgs<float>& a, const AttentionShape& s, double c, SoftmaxStencil) {
+  table().forward_float[1](a, s, c);
+}
+void forward(const ForwardArgs<double>& a, const AttentionShape& s, double c, ContinuumStencil) {
+  table().forward_double[0](a, s, c);
+}
+void forward(const ForwardArgs<double>& a, const AttentionShape& s, double c, SoftmaxStencil) {
+  table().forward_double[1](a, s, c);
+}
+void backward(const BackwardArgs<float>& a, const AttentionShape& s, double c, ContinuumStencil) {
+  table().backward_float[0](a, s, c);
+}
+void backward(const BackwardArgs<float>& a, const AttentionShape& s, double c, SoftmaxStencil) {
+  table().backward_float[1](a, s, c);
+}
+void backward(const BackwardArgs<double>& a, const AttentionShape& s, double c, ContinuumStencil) {
+  table().backward_double[0](a, s, c);
+}
+void backward(const BackwardArgs<double>& a, const AttentionShape& s, double c, SoftmaxStencil) {
+  table().backward_double[1](a, s, c);
+}
+
+}  // namespace cpu_dispatch
+}  // namespace continuum

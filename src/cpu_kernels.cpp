@@ -1,0 +1,41 @@
+// src/cpu_kernels.cpp — one instruction set's CPU kernels for run-time dispatch
+// (include/continuum/backends/cpu/dispatch.hpp, MATH.md §10, "Instruction sets"). CMake compiles
+// this file once per instruction set, with that set's flags and
+// CONTINUUM_KERNELS_ISA_<name> defined; isa.hpp then puts every kernel in the
+// set's own namespace (continuum::cpu_<name>), and the table below, defined in
+// that namespace, is what src/cpu_dispatch.cpp picks from.
+#include <string_view>
+
+#include <continuum/backends/cpu.hpp>
+#include <continuum/backends/cpu/dispatch.hpp>
+
+#if defined(CONTINUUM_CPU_DISPATCH)
+#  error "src/cpu_kernels.cpp is the dispatch target's kernel object: it must not dispatch itself"
+#endif
+
+#if defined(CONTINUUM_KERNELS_ISA_sse2)
+#  define CONTINUUM_KERNELS_ISA "sse2"
+#elif defined(CONTINUUM_KERNELS_ISA_avx2)
+#  define CONTINUUM_KERNELS_ISA "avx2"
+#elif defined(CONTINUUM_KERNELS_ISA_avx512)
+#  define CONTINUUM_KERNELS_ISA "avx512"
+#else
+#  error "define CONTINUUM_KERNELS_ISA_<sse2|avx2|avx512> (CMakeLists.txt, continuum_cpu_dispatch)"
+#endif
+static_assert(std::string_view(continuum::cpu_detail::kCompiledIsa) == CONTINUUM_KERNELS_ISA,
+              "the compiler flags of this object do not give the instruction set it is built for");
+
+namespace continuum {
+namespace cpu_detail {
+
+extern const cpu_dispatch::KernelTable kernel_table;
+const cpu_dispatch::KernelTable kernel_table = {
+    kCompiledIsa,
+    {&run_forward<float, ContinuumStencil>, &run_forward<float, SoftmaxStencil>},
+    {&run_forward<double, ContinuumStencil>, &run_forward<double, SoftmaxStencil>},
+    {&run_backward<float, ContinuumStencil>, &run_backward<float, SoftmaxStencil>},
+    {&run_backward<double, ContinuumStencil>, &run_backward<double, SoftmaxStencil>},
+};
+
+}  // namespace cpu_detail
+}  // namespace continuum

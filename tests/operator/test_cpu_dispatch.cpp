@@ -1,0 +1,107 @@
+// Run-time choice of the CPU kernels' instruction set (backends/cpu/dispatch.hpp,
+// MATH.md §10, "Instruction sets"): every instruction set this CPU can run gives the reference's
+// answer (forward and backward, both stencils, float and double, every
+// visibility, GQA, tiles of several sizes) at the operator's tolerances, and
+// the others are named as skipped. The rest of the test suite runs the set
+// that cpu_dispatch chooses by default (the best this CPU has), and part of
+// it again on the x86-64 baseline kernels (tests/CMakeLists.txt, ":isa=sse2").
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "operator/harness.hpp"
+
+using namespace harness;
+using continuum::index_t;
+
+#if defined(CONTINUUM_CPU_DISPATCH)
+
+namespace cd = continuum::cpu_dispatch;
+
+namespace {
+
+/// The instruction sets this CPU can run; the others are reported as skipped.
+std::vector<cd::Isa> runnable() {
+  std::vector<cd::Isa> out;
+  for (int i = 0; i < cd::kIsaCount; ++i) {
+    if (cd::supported(cd::Isa(i))) out.push_back(cd::Isa(i));
+    else WARN("skipped: this CPU cannot run the " << cd::name(cd::Isa(i)) << " kernels");
+  }
+  return out;
+}
+
+/// Restores the default choice when a test section ends.
+struct Restore {
+  cd::Isa saved = cd::selected();
+  ~Restore() { cd::select(saved); }
+};
+
+template <class T>
+Case<T> random_case(continuum::Kernel kernel, int vis, index_t Lq, index_t Lk, index_t D, std::uint64_t salt) {
+  Case<T> c;
+  c.B = 1;
+  c.Hq = 4;
+  c.Hk = 2;  // GQA
+  c.Lq = Lq;
+  c.Lk = Lk;
+  c.D = D;
+  c.kernel = kernel;
+  c.vis = visibility_code(vis);
+  c.tshape = continuum::TemperatureShape::per_head;
+  c.alloc();
+  auto rng = rng_for(salt);
+  c.fill_uniform(rng);
+  random_temperatures(c, rng, 0.05, 2.0);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("cpu_dispatch: the default is the best instruction set the CPU runs", "[operator][dispatch]") {
+  int best = 0;
+  for (int i = 0; i < cd::kIsaCount; ++i)
+    if (cd::supported(cd::Isa(i))) best = i;
+  const char* env = std::getenv("CONTINUUM_CPU_ISA");
+  if (env != nullptr && *env != '\0') {
+    CHECK(std::string(cd::name(cd::selected())) == env);
+  } else {
+    CHECK(int(cd::selected()) == best);
+  }
+  CHECK(cd::supported(cd::Isa::sse2));
+  INFO("this CPU's kernels: " << cd::name(cd::selected()));
+  CHECK(cd::parse("avx2") == cd::Isa::avx2);
+  CHECK_THROWS_WITH(cd::parse("avx3"), Catch::Contains("unknown instruction set 'avx3'"));
+  for (int i = 0; i < cd::kIsaCount; ++i)
+    if (!cd::supported(cd::Isa(i))) CHECK_THROWS_WITH(cd::select(cd::Isa(i)), Catch::Contains("cannot run"));
+}
+
+TEMPLATE_TEST_CASE("cpu_dispatch: every runnable instruction set matches the reference", "[operator][dispatch]",
+                   float, double) {
+  use_mp_precision();
+  Restore restore;
+  const int vis = GENERATE(0, 1, 5);  // full, causal, a non-causal window
+  const auto kernel = GENERATE(continuum::Kernel::continuum, continuum::Kernel::softmax);
+  // A decode row and a block of rows, both over more than one key tile.
+  const auto shape = GENERATE(std::make_pair(1, 70), std::make_pair(45, 70));
+  for (cd::Isa isa : runnable()) {
+    cd::select(isa);
+    INFO("instruction set " << cd::name(isa));
+    const std::uint64_t salt = std::uint64_t(vis * 100 + shape.first + 7 * shape.second) + (kernel == continuum::Kernel::softmax ? 5000 : 0);
+    Case<TestType> f = random_case<TestType>(kernel, vis, shape.first, shape.second, 32, salt);
+    check_forward<mp>(f, std::string("dispatch ") + cd::name(isa));
+    Case<TestType> b = random_case<TestType>(kernel, vis, shape.first, shape.second, 16, salt + 1);
+    check_backward<mp>(b, std::string("dispatch ") + cd::name(isa));
+  }
+}
+
+#else
+
+TEST_CASE("cpu_dispatch: not built (header-only kernels of this TU's target)", "[operator][dispatch]") {
+  WARN("skipped: this build has no run-time dispatch (CONTINUUM_CPU_DISPATCH off, or not x86-64 GCC/Clang); "
+       "the kernels are compiled for " << continuum::cpu_detail::kCompiledIsa);
+  CHECK(std::string(continuum::cpu_detail::kCompiledIsa).size() > 0);
+}
+
+#endif
