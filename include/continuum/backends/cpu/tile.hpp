@@ -70,11 +70,31 @@ inline void load_rows_transposed(const TensorView<const T>& v, index_t b, index_
   }
 }
 
+// The raw scores of the row-exact kernels round every product before adding
+// it: never contracted into an FMA, whatever the target and the compiler's
+// -ffp-contract. So tile_product and raw_dot give the same bits on every
+// instruction set (the forward finds the maximal knots by comparing them), and
+// products that are exact negatives of each other cancel exactly (W13: q·k with
+// ±1e310 terms, scaled by 2^-E, must not leave one product's rounding error,
+// ~1e294, in an O(1) score).
+#if defined(__clang__)
+#  define CONTINUUM_NO_FP_CONTRACT_FN
+#  define CONTINUUM_NO_FP_CONTRACT_BODY _Pragma("clang fp contract(off)")
+#elif defined(__GNUC__) && !defined(__CUDACC__)
+#  define CONTINUUM_NO_FP_CONTRACT_FN __attribute__((optimize("fp-contract=off")))
+#  define CONTINUUM_NO_FP_CONTRACT_BODY
+#else
+#  define CONTINUUM_NO_FP_CONTRACT_FN
+#  define CONTINUUM_NO_FP_CONTRACT_BODY
+#endif
+
 /// S[r][j] = Σ_d A[r][d] · Bt[d][j] for r < nA, j < nB. Each element is the
 /// sequential sum over d (vectorised across j only), so its value does not
 /// depend on the tile it belongs to; raw_dot below gives the same bits.
+CONTINUUM_NO_FP_CONTRACT_FN
 inline void tile_product(const double* A, index_t nA, index_t depth, const double* Bt, index_t nB,
                          double* S) {
+  CONTINUUM_NO_FP_CONTRACT_BODY
   for (index_t r = 0; r < nA; ++r) {
     double* s = S + r * nB;
     for (index_t j = 0; j < nB; ++j) s[j] = 0.0;
@@ -91,7 +111,8 @@ inline void tile_product(const double* A, index_t nA, index_t depth, const doubl
 /// One raw score q·k in double, summed in the same order as tile_product.
 /// q may be a row of a loaded (possibly exponent-scaled) double tile.
 template <class TQ, class TK>
-inline double raw_dot(const TQ* q, const TK* k, index_t depth) {
+CONTINUUM_NO_FP_CONTRACT_FN inline double raw_dot(const TQ* q, const TK* k, index_t depth) {
+  CONTINUUM_NO_FP_CONTRACT_BODY
   double s = 0.0;
   for (index_t d = 0; d < depth; ++d) s += static_cast<double>(q[d]) * static_cast<double>(k[d]);
   return s;
