@@ -2,8 +2,9 @@
 //
 // What it measures, all in one run so that ratios are taken side by side:
 //   * peak_fma/<float|double>/threads  — a register-resident FMA loop with enough
-//     independent accumulators to saturate the FMA pipes (AVX-512 when compiled
-//     with -march=native on an AVX-512 machine): the machine's practical peak.
+//     independent accumulators to saturate the FMA pipes, at the vector width
+//     of the instruction set the kernels run (context "isa": chosen at run
+//     time, cpu_dispatch): the machine's practical peak for them.
 //   * eigen_gemm/...    — the two GEMMs of attention (S = Q·Kᵀ, O = S·V) with
 //     Eigen, per head, heads spread over the threads: the FLOP floor of an
 //     unfused implementation.
@@ -60,30 +61,46 @@ namespace {
 // ---------------------------------------------------------------------------
 // Machine-peak probe.
 // ---------------------------------------------------------------------------
-#if defined(__AVX512F__)
-constexpr int kVecBytes = 64;
-constexpr const char* kIsa = "avx512";
-#elif defined(__AVX2__) || defined(__AVX__)
-constexpr int kVecBytes = 32;
-constexpr const char* kIsa = "avx2";
+/// The instruction set the operator's kernels run: chosen at run time from
+/// the CPU (cpu_dispatch, the project's build) or fixed by -march (a
+/// header-only build of this file).
+const char* kernel_isa() {
+#if defined(CONTINUUM_CPU_DISPATCH)
+  return continuum::cpu_dispatch::name(continuum::cpu_dispatch::selected());
 #else
-constexpr int kVecBytes = 16;
-constexpr const char* kIsa = "sse";
+  return continuum::cpu_detail::kCompiledIsa;
 #endif
+}
 
-template <class T>
-struct Vec {
-  typedef T type __attribute__((vector_size(kVecBytes)));
-};
+/// The CPU's model name (/proc/cpuinfo), or "unknown".
+std::string cpu_model() {
+  std::FILE* f = std::fopen("/proc/cpuinfo", "r");
+  if (f == nullptr) return "unknown";
+  char line[512];
+  std::string model = "unknown";
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::strncmp(line, "model name", 10) == 0) {
+      const char* colon = std::strchr(line, ':');
+      if (colon != nullptr) {
+        model = colon + 1;
+        model.erase(0, model.find_first_not_of(' '));
+        model.erase(model.find_last_not_of("\n ") + 1);
+      }
+      break;
+    }
+  std::fclose(f);
+  return model;
+}
 
-/// Runs `iters` rounds of kAcc independent FMA chains on full vectors and
-/// returns the number of floating-point operations done (2 per lane per FMA).
-/// 16 accumulators hide a 4-cycle FMA latency on 2 pipes with room to spare.
-template <class T>
-__attribute__((noinline)) double fma_kernel(long iters, T seed) {
-  using V = typename Vec<T>::type;
+/// Runs `iters` rounds of kAcc independent FMA chains on full vectors of
+/// VecBytes and returns the number of floating-point operations done (2 per
+/// lane per FMA). 16 accumulators hide a 4-cycle FMA latency on 2 pipes with
+/// room to spare.
+template <class T, int VecBytes>
+__attribute__((always_inline)) inline double fma_loop(long iters, T seed) {
+  typedef T V __attribute__((vector_size(VecBytes)));
   constexpr int kAcc = 16;
-  constexpr int kLanes = kVecBytes / int(sizeof(T));
+  constexpr int kLanes = VecBytes / int(sizeof(T));
   V acc[kAcc];
   V x, y;
   for (int l = 0; l < kLanes; ++l) {
@@ -102,6 +119,32 @@ __attribute__((noinline)) double fma_kernel(long iters, T seed) {
     for (int l = 0; l < kLanes; ++l) sink += acc[a][l];
   benchmark::DoNotOptimize(sink);
   return 2.0 * double(kAcc) * double(kLanes) * double(iters);
+}
+
+// The loop compiled for each instruction set the kernels can run (cpu_dispatch),
+// whatever this file's own -march: the peak is that of the set that ran.
+template <class T>
+__attribute__((noinline)) double fma_128(long iters, T seed) { return fma_loop<T, 16>(iters, seed); }
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+template <class T>
+__attribute__((noinline, target("avx2,fma"))) double fma_256(long iters, T seed) {
+  return fma_loop<T, 32>(iters, seed);
+}
+template <class T>
+__attribute__((noinline, target("avx512f"))) double fma_512(long iters, T seed) {
+  return fma_loop<T, 64>(iters, seed);
+}
+#endif
+
+/// The FMA loop at the vector width of the kernels' instruction set.
+template <class T>
+double fma_kernel(long iters, T seed) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  const std::string isa = kernel_isa();
+  if (isa == "avx512") return fma_512<T>(iters, seed);
+  if (isa == "avx2" || isa == "avx+fma") return fma_256<T>(iters, seed);
+#endif
+  return fma_128<T>(iters, seed);
 }
 
 /// Peak FLOP/s with `threads` threads, best of three ~50 ms trials (long
@@ -154,7 +197,7 @@ void BM_peak_fma(benchmark::State& st) {
   st.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
   st.counters["frac_peak"] =
       benchmark::Counter(flops / peak<T>(threads), benchmark::Counter::kIsIterationInvariantRate);
-  st.SetLabel(kIsa);
+  st.SetLabel(kernel_isa());
 }
 
 // ---------------------------------------------------------------------------
@@ -472,7 +515,8 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("peak_f64_threads" + std::to_string(th),
                                 std::to_string(peak<double>(th)));
   }
-  benchmark::AddCustomContext("isa", kIsa);
+  benchmark::AddCustomContext("cpu_model", cpu_model());
+  benchmark::AddCustomContext("isa", kernel_isa());
   register_all();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -135,8 +135,8 @@ def main():
     torch.set_num_threads(a.threads)
     model, isa = cpu_description()
     print(f"CPU: {model}; {os.cpu_count()} logical CPUs; torch threads {torch.get_num_threads()}")
-    print(f"ISA: PyTorch CPU capability {torch.backends.cpu.get_cpu_capability()}; "
-          f"CPU flags {' '.join(isa) or 'none of the listed'}")
+    print(f"ISA: continuum kernels {ca.cpu_isa()}; PyTorch CPU capability "
+          f"{torch.backends.cpu.get_cpu_capability()}; CPU flags {' '.join(isa) or 'none of the listed'}")
     print(f"torch {torch.__version__}, continuum_attention {ca.__version__}; "
           f"medians of {a.reps} after {a.warmup} warm-up; ratio = SDPA fp32 time / this time")
     print(f"\nbatch 1, {a.heads} heads, seq {a.seq}, head_dim {a.dim}:")
