@@ -17,6 +17,15 @@ _COMPUTES = (None, "default", "float32", "float64")
 WITH_CUDA = bool(_C.with_cuda)
 
 
+def cpu_isa() -> str:
+    """The instruction set of the CPU kernels this operator runs: ``"avx512"``,
+    ``"avx2"`` or ``"sse2"``, chosen from the running CPU at the first call (the
+    environment variable ``CONTINUUM_CPU_ISA`` may name a lower one), without
+    any ``-march`` flag at build time (docs/MATH.md §10, "Instruction sets").
+    Raises ValueError when CONTINUUM_CPU_ISA names one this CPU cannot run."""
+    return _C.cpu_isa()
+
+
 def supported_dtypes(device: Union[str, torch.device] = "cpu") -> Tuple[torch.dtype, ...]:
     """The storage dtypes the operator accepts on ``device``: CPU float32 and
     float64; CUDA (only when built with CONTINUUM_ATTENTION_CUDA=ON) float32,

@@ -430,11 +430,31 @@ TORCH_LIBRARY_IMPL(continuum, CUDA, m) {
 }
 #endif
 
+// _C.cpu_isa(): the instruction set whose CPU kernels the operator runs
+// ("avx512", "avx2", "sse2": continuum::cpu_dispatch, chosen at the first call
+// from the CPU or CONTINUUM_CPU_ISA; MATH.md §10, "Instruction sets"). ValueError
+// when CONTINUUM_CPU_ISA names one this CPU cannot run.
+static PyObject* cpu_isa(PyObject*, PyObject*) {
+  try {
+#if defined(CONTINUUM_CPU_DISPATCH)
+    return PyUnicode_FromString(continuum::cpu_dispatch::name(continuum::cpu_dispatch::selected()));
+#else
+    return PyUnicode_FromString(continuum::cpu_detail::kCompiledIsa);
+#endif
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+    return nullptr;
+  }
+}
+
 // `import continuum_attention._C` loads this library (and so runs the
-// registrations above); the module has no functions, only `with_cuda`
-// (1 when the CUDA kernels were built in).
+// registrations above); the module has one function, cpu_isa(), and
+// `with_cuda` (1 when the CUDA kernels were built in).
 extern "C" PyObject* PyInit__C(void) {
-  static PyModuleDef def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr,
+  static PyMethodDef methods[] = {
+      {"cpu_isa", cpu_isa, METH_NOARGS, "The instruction set of the CPU kernels the operator runs."},
+      {nullptr, nullptr, 0, nullptr}};
+  static PyModuleDef def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods,
                             nullptr, nullptr, nullptr, nullptr};
   PyObject* m = PyModule_Create(&def);
 #if defined(CONTINUUM_ATTENTION_WITH_CUDA)

@@ -3,7 +3,9 @@ directly, bit for bit: the `continuum-attn` CLI built by CMake runs on the
 same .npy inputs, like with like: the same storage dtype and the same compute
 (the CLI's default is the operator's, the storage type's own precision:
 float32 -> float arithmetic, float64 -> double; float32 storage is also run
-with --compute float64 / compute="float64", double arithmetic). Both are built for the same target (-O2, no -march), which the
+with --compute float64 / compute="float64", double arithmetic). Both link
+continuum::cpu_dispatch built with the same flags (-O2, no -march), so both run
+the kernels of the same instruction set (the best this CPU has), which the
 tiled kernels' bits depend on. scripts/test sets CONTINUUM_ATTN_CLI to its
 path; without it these tests skip."""
 import os
