@@ -7,7 +7,8 @@ float32 storage and compute=None (float32 arithmetic) and compute="float64",
 and with float64 storage; prints the median forward and forward+backward
 times over --reps runs, side by side in one process, and the errors of out,
 dq, dk, dv relative to each tensor's largest element, against float64
-storage on the same (float32-rounded) inputs. Also prints the CPU model.
+storage on the same (float32-rounded) inputs. Also prints the CPU model and
+the instruction set of the kernels (continuum_attention.cpu_isa()).
 
     python bench/compute_modes.py [--threads 2] [--reps 9] [--kernel continuum]
 """
@@ -18,7 +19,7 @@ import time
 
 import torch
 
-from continuum_attention import attention
+from continuum_attention import attention, cpu_isa
 
 
 def cpu_model() -> str:
@@ -62,7 +63,7 @@ def main() -> None:
         return statistics.median(fwd), statistics.median(both), [out.detach(), *grads]
 
     ref = run(torch.float64, None)[2]
-    print(f"CPU: {cpu_model()}; torch {torch.__version__}, {a.threads} threads; kernel {a.kernel}, "
+    print(f"CPU: {cpu_model()}; kernels {cpu_isa()}; torch {torch.__version__}, {a.threads} threads; kernel {a.kernel}, "
           f"B={a.batch} H={a.heads} L={a.seq} D={a.dim}, causal, tau={a.tau}, medians of {a.reps}")
     print("| storage, compute | forward ms | forward + backward ms | out | dq | dk | dv |")
     print("|---|---:|---:|---:|---:|---:|---:|")

@@ -247,22 +247,18 @@ def attention(
         Cost O(B·Hq·Lq·Lk·(D + Dv)); memory O(B·Hq·Lq) besides the output.
 
         Speed and accuracy of ``compute`` for float32 storage, measured
-        2026-12-01 on the project's 2-core AMD EPYC with other jobs running
-        (load ~4), this package's build (-O2, generic x86-64: SSE2, no FMA),
-        B=16, H=4, L=192, D=32, causal, τ = 0.25, medians of 9 (2 threads)
-        and 5 (1 thread); errors are max|err| / max|ref| against a float64
-        run on the same float32 inputs::
+        2026-12-01 21:20 UTC on the project's 2-core AMD EPYC (Zen 3), idle,
+        this package's build (-O2, no -march; the AVX2 kernels chosen at run
+        time, cpu_isa()), B=16, H=4, L=192, D=32, causal, τ = 0.25, medians of
+        9, 2 threads (bench/compute_modes.py); errors are max|err| / max|ref|
+        against a float64 run on the same float32 inputs::
 
             float32 storage     forward  fwd+bwd   out     dQ      dK      dV
-            default, 2 threads   68 ms   262 ms  3.0e-7  5.2e-7  6.3e-7  9.5e-7
-            "float64", 2 thr.   169 ms   696 ms  3.0e-8  3.5e-8  3.0e-8  4.3e-8
-            default, 1 thread    36 ms   195 ms
-            "float64", 1 thr.   186 ms   756 ms
+            default             5.7 ms  34.7 ms  1.1e-6  1.3e-6  1.0e-6  8.1e-7
+            "float64"          15.4 ms  66.2 ms  3.1e-8  4.0e-8  3.5e-8  3.1e-8
 
-        The default is 2.5× (forward) and 2.7× (forward + backward) faster
-        than compute="float64" here with 2 threads, 5.2× and 3.9× with 1;
-        the library's benchmark built with -march=native measures 10–17×
-        (docs/PERFORMANCE.md). The default's errors grow slowly with the
+        The default is 2.7× (forward) and 1.9× (forward + backward) faster
+        than compute="float64" here. The default's errors grow slowly with the
         sequence length (≤ 3.8e-7 at L ≤ 24 in the tests, whose bound is
         2e-6: python/tests/test_compute.py). With compute="float64" out and
         lse are the float64 result rounded once, element by element; the
