@@ -12,6 +12,10 @@
 //     with the n×n matrix materialised: the textbook baseline.
 //   * attention/<kernel>/<visibility>/<fwd|fwdbwd>/<type>/n/threads — the
 //     operator (continuum, softmax, focal), forward or forward + backward.
+//   * decode/<kernel>/gqa8x2/f32/kv/d/threads — one KV-cache decode step (one
+//     query row per head, 8 query heads on 2 KV heads, kv cached keys), with
+//     "bytes/s" of the K/V cache it reads and "frac_bw" = that over
+//     read_bandwidth (a 1 GiB read probe of the same run): its roofline.
 //
 // FLOP convention (flash-attention's benchmark): the forward costs 4·d per
 // visible (query, key) pair (2·d for q·k, 2·d for p·v; Dv = d), i.e. 4·n²·d per
@@ -342,6 +346,91 @@ void BM_attention(benchmark::State& st, continuum::Kernel kernel, Vis vis, bool 
 }
 
 // ---------------------------------------------------------------------------
+// Decoding: one query row per head against a KV cache (GQA), and the memory
+// bandwidth that bounds it.
+// ---------------------------------------------------------------------------
+constexpr int kDecodeKvHeads = 2;  // 8 query heads on 2 KV heads
+
+/// Read bandwidth: `threads` threads sum disjoint halves of a 1 GiB float
+/// buffer (far beyond the caches), vectorised, in bytes/s ("bytes/s"). The
+/// decode rows' "frac_bw" is their K/V bytes/s over the median of this probe
+/// measured at start-up.
+double read_bandwidth_once(const std::vector<float>& buf, int threads) {
+  const auto t0 = std::chrono::steady_clock::now();
+  double total = 0;
+  const long n = long(buf.size());
+#if defined(_OPENMP)
+#  pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : total)
+#endif
+  for (long c = 0; c < 64; ++c) {
+    const float* p = buf.data() + c * (n / 64);
+    float acc[16] = {};
+    for (long i = 0; i < n / 64; i += 16)
+      for (int l = 0; l < 16; ++l) acc[l] += p[i + l];
+    for (float a : acc) total += a;
+  }
+  benchmark::DoNotOptimize(total);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return double(buf.size()) * sizeof(float) / dt;
+}
+std::vector<float>& bandwidth_buffer() {
+  static std::vector<float> buf(std::size_t(1) << 28, 1.0f);  // 1 GiB
+  return buf;
+}
+double read_bandwidth(int threads) {
+  static std::map<int, double> cache;
+  auto it = cache.find(threads);
+  if (it != cache.end()) return it->second;
+  std::vector<double> v;
+  for (int r = 0; r < 5; ++r) v.push_back(read_bandwidth_once(bandwidth_buffer(), threads));
+  std::sort(v.begin(), v.end());
+  return cache[threads] = v[v.size() / 2];
+}
+
+void BM_read_bandwidth(benchmark::State& st) {
+  const int threads = int(st.range(0));
+  const auto& buf = bandwidth_buffer();
+  for (auto _ : st) benchmark::DoNotOptimize(read_bandwidth_once(buf, threads));
+  st.counters["bytes/s"] = benchmark::Counter(double(buf.size()) * sizeof(float),
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+
+/// One decode step: B = 1, 8 query heads on 2 KV heads, Lq = 1, Lk cached keys
+/// (all visible: causal, bottom-right), head_dim 64, float32. The counters
+/// count the K and V cache bytes the step must read.
+void BM_decode(benchmark::State& st, continuum::Kernel kernel) {
+  const long lk = st.range(0), d = st.range(1);
+  const int threads = int(st.range(2));
+  const long hk = kDecodeKvHeads;
+  std::vector<float> q = uniform<float>(std::size_t(kHeads * d), 42);
+  std::vector<float> k = uniform<float>(std::size_t(hk * lk * d), 43);
+  std::vector<float> v = uniform<float>(std::size_t(hk * lk * d), 44);
+  std::vector<float> o(std::size_t(kHeads * d)), lse(kHeads);
+  continuum::ForwardArgs<float> fa;
+  fa.query = continuum::TensorView<const float>::bhsd(q.data(), 1, kHeads, 1, d);
+  fa.key = continuum::TensorView<const float>::bhsd(k.data(), 1, hk, lk, d);
+  fa.value = continuum::TensorView<const float>::bhsd(v.data(), 1, hk, lk, d);
+  fa.out = continuum::TensorView<float>::bhsd(o.data(), 1, kHeads, 1, d);
+  fa.lse = lse.data();
+  fa.kernel = kernel;
+  fa.visibility.causal = true;
+  fa.num_threads = threads;
+  continuum::attention_forward(continuum::cpu, fa);  // warm-up
+  for (auto _ : st) {
+    continuum::attention_forward(continuum::cpu, fa);
+    benchmark::DoNotOptimize(o.data());
+    benchmark::ClobberMemory();
+  }
+  const double kv_bytes = 2.0 * double(hk) * double(lk) * double(d) * sizeof(float);
+  st.counters["bytes/s"] = benchmark::Counter(kv_bytes, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["frac_bw"] =
+      benchmark::Counter(kv_bytes / read_bandwidth(threads), benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["FLOP/s"] = benchmark::Counter(4.0 * double(d) * double(lk) * kHeads,
+                                             benchmark::Counter::kIsIterationInvariantRate);
+  st.SetLabel(kernel_isa());
+}
+
+// ---------------------------------------------------------------------------
 // Eigen baselines at the same shapes.
 // ---------------------------------------------------------------------------
 template <class T>
@@ -408,6 +497,15 @@ void register_all() {
     benchmark::RegisterBenchmark((std::string("peak_fma/f64/threads:") + std::to_string(th)).c_str(),
                                  BM_peak_fma<double>)->Arg(th)->UseRealTime();
   }
+  for (int th : {1, 2})
+    benchmark::RegisterBenchmark((std::string("read_bandwidth/threads:") + std::to_string(th)).c_str(),
+                                 BM_read_bandwidth)->Arg(th)->UseRealTime();
+  for (int th : {1, 2})
+    for (long lk : {4096L, 32768L})
+      for (Kernel kern : {Kernel::continuum, Kernel::softmax})
+        benchmark::RegisterBenchmark((std::string("decode/") + (kern == Kernel::continuum ? "continuum" : "softmax") +
+                                      "/gqa8x2/f32").c_str(), BM_decode, kern)
+            ->Args({lk, D, th})->ArgNames({"kv", "d", "threads"})->UseRealTime()->Unit(benchmark::kMicrosecond);
   auto shape = [](benchmark::internal::Benchmark* b, long n, long d, int th) {
     b->Args({n, d, th})->ArgNames({"n", "d", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond);
   };

@@ -339,6 +339,15 @@ TEMPLATE_TEST_CASE("MATH.md §7.9 KV-cache decode rows equal the full causal for
       }
       INFO("L=" << L << " W=" << W << " step " << t << " head " << h);
       CHECK(e <= tol * s);
+      // And bit for bit (README, MATH.md §7.9): the step's rows are computed
+      // with the same tiles as in the full forward, although the step puts
+      // both query heads of the GQA group into one task (tiled.hpp).
+      for (index_t d = 0; d < 8; ++d) {
+        const TestType x = out[static_cast<std::size_t>(h * 8 + d)], y = full.o.at(0, h, t, d);
+        CHECK(std::memcmp(&x, &y, sizeof(TestType)) == 0);
+      }
+      const TestType l = lse[static_cast<std::size_t>(h)], lf = full.lse[static_cast<std::size_t>(h * L + t)];
+      CHECK(std::memcmp(&l, &lf, sizeof(TestType)) == 0);
     }
   }
 }

@@ -646,26 +646,31 @@ struct ForwardWorkspace {
   std::vector<T> m, l;
   std::vector<RowRange> range;
   std::vector<index_t> kb, ke;  // per row, the keys [kb, ke) of its P·V terms in the tile
-  ForwardWorkspace(index_t D, index_t Dv)
-      : q(kBr, D), kt(D, kBc), s(RowMatrix<T>::Zero(kBr, kBc + 1 + kPad<T>)), w(kBr, kBc + 1 + kPad<T>), o(kBr, Dv),
-        m(kBr), l(kBr),
-        range(kBr), kb(kBr), ke(kBr) {}
+  /// rows: the most query rows of one task (≤ kBr; a decode step has a few).
+  ForwardWorkspace(index_t D, index_t Dv, index_t rows)
+      : q(rows, D), kt(D, kBc), s(RowMatrix<T>::Zero(rows, kBc + 1 + kPad<T>)), w(rows, kBc + 1 + kPad<T>),
+        o(rows, Dv), m(rows), l(rows), range(rows), kb(rows), ke(rows) {}
 };
 
-/// One query block [i0, i1) of (batch b, query head h). Continuum selects the
-/// three-point stencil (true) or softmax's e^s (false).
+/// One task: the query rows [i0, i1) of the nh query heads h0 … h0 + nh − 1 of
+/// batch b, which share one KV head (nh = 1, or the whole GQA group when a
+/// task can hold it: a decode step), so that each key tile is packed once for
+/// all of them. Row r is query i0 + r mod (i1 − i0) of head h0 + r div
+/// (i1 − i0). Continuum selects the three-point stencil (true) or softmax's
+/// e^s (false). Each row's operations do not depend on which rows share its
+/// task (range_gemm, per-element tile products), so grouping changes no bit.
 template <class T, bool Continuum>
-void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, index_t i1, double scale,
-                   ForwardWorkspace<T>& ws, const char* ok) {
+void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, index_t i0, index_t i1,
+                   double scale, ForwardWorkspace<T>& ws, const char* ok) {
   const index_t Lq = a.query.seq, Lk = a.key.seq, D = a.query.dim, Dv = a.value.dim;
   const index_t Hq = a.query.heads;
-  const index_t hk = h / (Hq / a.key.heads);
-  const index_t nr = i1 - i0;
+  const index_t hk = h0 / (Hq / a.key.heads);
+  const index_t ni = i1 - i0, nr = nh * ni;
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
   index_t kmin = Lk, kmax = 0;
   for (index_t r = 0; r < nr; ++r) {
-    const index_t i = i0 + r;
+    const index_t i = i0 + r % ni, h = h0 + r / ni;
     ws.range[r] = row_range(a.visibility, b, i, Lq, Lk);
     // A row the tiled kernel does not take (see RowEligibility) is computed
     // here as empty and written by the caller's `declined` afterwards.
@@ -764,7 +769,7 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h, index_t i0, in
   }
 
   for (index_t r = 0; r < nr; ++r) {
-    const index_t i = i0 + r;
+    const index_t i = i0 + r % ni, h = h0 + r / ni;
     const bool empty = !(ws.l[r] > T(0));
     {
       T* out = a.out.row(b, h, i);
@@ -784,8 +789,15 @@ template <class T, bool Continuum, class Declined>
 void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, Declined&& declined) {
   const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq, D = a.query.dim;
   const index_t Dv = a.value.dim;
-  const index_t nqb = (Lq + kBr - 1) / kBr;
-  const index_t ntasks = B * Hq * nqb;
+  // Tasks: blocks of kBr query rows of one head; when the whole GQA group's
+  // rows fit in one block (decoding: Lq = 1), one task per (batch, KV head)
+  // holds them all and reads each key tile once for the group.
+  const index_t group = a.key.heads > 0 ? Hq / a.key.heads : 1;
+  const bool grouped = group > 1 && group * Lq <= kBr;
+  const index_t nh = grouped ? group : 1;
+  const index_t nqb = grouped ? 1 : (Lq + kBr - 1) / kBr;
+  const index_t ntasks = B * (Hq / nh) * nqb;
+  const index_t task_rows = grouped ? group * Lq : std::min(Lq, kBr);
   const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
   std::vector<char> ok;
   const index_t rejected = row_eligibility<T>(a.query, a.key, a.value, nullptr, a.visibility, a.temperature, scale,
@@ -796,22 +808,23 @@ void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, De
 #endif
   {
     serial_eigen_in_this_region();
-    ForwardWorkspace<T> ws(D, Dv);
+    ForwardWorkspace<T> ws(D, Dv, task_rows);
 #if defined(_OPENMP)
 #  pragma omp for schedule(dynamic, 1)
 #endif
     for (index_t task = 0; task < ntasks; ++task) {
       // Last query blocks first: under a causal mask they see the most keys.
       const index_t qb = nqb - 1 - task % nqb;
-      const index_t bh = task / nqb;
-      const index_t b = bh / Hq, h = bh % Hq;
+      const index_t bh = task / nqb;  // (batch, head group of nh heads)
+      const index_t b = bh / (Hq / nh), h0 = bh % (Hq / nh) * nh;
       const index_t i0 = qb * kBr, i1 = std::min(Lq, i0 + kBr);
       if (subset) {  // rows outside the subset are not written
         bool any = false;
-        for (index_t i = i0; i < i1 && !any; ++i) any = ok[std::size_t((b * Hq + h) * Lq + i)] == kTiled;
+        for (index_t h = h0; h < h0 + nh && !any; ++h)
+          for (index_t i = i0; i < i1 && !any; ++i) any = ok[std::size_t((b * Hq + h) * Lq + i)] == kTiled;
         if (!any) continue;
       }
-      forward_block<T, Continuum>(a, b, h, i0, i1, scale, ws, subset || rejected ? ok.data() : nullptr);
+      forward_block<T, Continuum>(a, b, h0, nh, i0, i1, scale, ws, subset || rejected ? ok.data() : nullptr);
     }
   }
   if (rejected > 0) declined(rows_in_state(ok, kDeclined));
