@@ -11,7 +11,9 @@ storage), and prints each time with the ratio SDPA fp32 / ours (> 1: ours
 is faster). Then the per-call overhead at batch 1, 1 head,
 seq 64, head_dim 32: the time of one small forward (and forward + backward)
 call of each, and the dispatch floor at seq 1, head_dim 1, where only the
-Python wrapper, the dispatcher, autograd and argument checks remain.
+Python wrapper, the dispatcher, autograd and argument checks remain. Last, one
+KV-cache decode step (8 query heads on 2 KV heads, 4096 and 32768 cached keys)
+with the K/V bytes read per second.
 
 Times are medians of --reps calls after --warmup calls, wall clock, with
 torch.set_num_threads(--threads). Prints the CPU model, the ISA PyTorch's
@@ -121,6 +123,30 @@ def print_table(results, unit, scale_to, baseline="SDPA fp32"):
             print(f"  {'causal' if causal else 'full  '} {what:8s} " + " | ".join(cells))
 
 
+def decode(kv_lens, dim, reps, warmup):
+    """One KV-cache decode step: a query row per head, 8 query heads on 2 KV
+    heads (GQA), float32; ours with causal=True (bottom-right: the row sees
+    every cached key), SDPA with enable_gqa=True and no mask (its is_causal is
+    top-left aligned)."""
+    out = {}
+    for lk in kv_lens:
+        g = torch.Generator().manual_seed(lk)
+        q = torch.randn(1, 8, 1, dim, generator=g)
+        k = torch.randn(1, 2, lk, dim, generator=g)
+        v = torch.randn(1, 2, lk, dim, generator=g)
+        kv_bytes = 2 * k.numel() * k.element_size()
+        for name, f in (("continuum", lambda: ca.attention(q, k, v, kernel="continuum", causal=True)),
+                        ("softmax (ours)", lambda: ca.attention(q, k, v, kernel="softmax", causal=True)),
+                        ("SDPA", lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))):
+            with torch.no_grad():
+                out[(lk, name)] = (median_time(f, reps, warmup), kv_bytes)
+    for lk in kv_lens:
+        base = out[(lk, "SDPA")][0]
+        cells = [f"{n}: {t * 1e6:8.1f} us ({base / t:4.2f}x, {b / t / 1e9:5.1f} GB/s of K/V)"
+                 for (l2, n), (t, b) in out.items() if l2 == lk]
+        print(f"  {lk:6d} cached keys  " + " | ".join(cells))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--heads", type=int, default=8)
@@ -145,6 +171,8 @@ def main():
     print_table(run(1, 1, 64, 32, 200, 20), "us", 1e6)
     print("\ndispatch floor, batch 1, 1 head, seq 1, head_dim 1 (no arithmetic to speak of; medians of 200):")
     print_table(run(1, 1, 1, 1, 200, 20), "us", 1e6)
+    print(f"\ndecode step, 8 query heads on 2 KV heads, head_dim {a.dim}, fp32 (medians of 50; ratio = SDPA / ours):")
+    decode((4096, 32768), a.dim, 50, 5)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 // The tables of src/cpu_kernels.cpp, one per instruction set (namespaces
 // continuum::cpu_<isa>::cpu_detail, backends/cpu/isa.hpp).
@@ -102,30 +103,31 @@ void select(Isa isa) {
   g_selected.store(int(isa), std::memory_order_release);
 }
 
-void forward(const ForwardArgs<float>& a, const AttentionShape& s, double c, ContinuumStencil) {
-  table().forward_float[0](a, s, c);
+/// A table's entry for Stencil: [0] continuum, [1] softmax (and focal).
+template <class Stencil, class Fn>
+Fn pick(Fn const (&entries)[2]) {
+  return entries[std::is_same<Stencil, ContinuumStencil>::value ? 0 : 1];
 }
-void forward(const ForwardArgs<float>& a, const AttentionShape& s, double c, SoftmaxStencil) {
-  table().forward_float[1](a, s, c);
+
+template <class T, class Stencil>
+void forward(const ForwardArgs<T>& a, const AttentionShape& s, double c, Stencil) {
+  if constexpr (std::is_same<T, float>::value) pick<Stencil>(table().forward_float)(a, s, c);
+  else pick<Stencil>(table().forward_double)(a, s, c);
 }
-void forward(const ForwardArgs<double>& a, const AttentionShape& s, double c, ContinuumStencil) {
-  table().forward_double[0](a, s, c);
+template <class T, class Stencil>
+void backward(const BackwardArgs<T>& a, const AttentionShape& s, double c, Stencil) {
+  if constexpr (std::is_same<T, float>::value) pick<Stencil>(table().backward_float)(a, s, c);
+  else pick<Stencil>(table().backward_double)(a, s, c);
 }
-void forward(const ForwardArgs<double>& a, const AttentionShape& s, double c, SoftmaxStencil) {
-  table().forward_double[1](a, s, c);
-}
-void backward(const BackwardArgs<float>& a, const AttentionShape& s, double c, ContinuumStencil) {
-  table().backward_float[0](a, s, c);
-}
-void backward(const BackwardArgs<float>& a, const AttentionShape& s, double c, SoftmaxStencil) {
-  table().backward_float[1](a, s, c);
-}
-void backward(const BackwardArgs<double>& a, const AttentionShape& s, double c, ContinuumStencil) {
-  table().backward_double[0](a, s, c);
-}
-void backward(const BackwardArgs<double>& a, const AttentionShape& s, double c, SoftmaxStencil) {
-  table().backward_double[1](a, s, c);
-}
+
+template void forward(const ForwardArgs<float>&, const AttentionShape&, double, ContinuumStencil);
+template void forward(const ForwardArgs<float>&, const AttentionShape&, double, SoftmaxStencil);
+template void forward(const ForwardArgs<double>&, const AttentionShape&, double, ContinuumStencil);
+template void forward(const ForwardArgs<double>&, const AttentionShape&, double, SoftmaxStencil);
+template void backward(const BackwardArgs<float>&, const AttentionShape&, double, ContinuumStencil);
+template void backward(const BackwardArgs<float>&, const AttentionShape&, double, SoftmaxStencil);
+template void backward(const BackwardArgs<double>&, const AttentionShape&, double, ContinuumStencil);
+template void backward(const BackwardArgs<double>&, const AttentionShape&, double, SoftmaxStencil);
 
 }  // namespace cpu_dispatch
 }  // namespace continuum

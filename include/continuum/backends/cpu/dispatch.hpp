@@ -49,14 +49,12 @@ Isa parse(const std::string& text);
 
 /// attention_impl<cpu_t>'s forward and backward on the selected kernels: a
 /// validated call (attention_forward / attention_backward, MATH.md §4–§6).
-void forward(const ForwardArgs<float>& args, const AttentionShape& shape, double scale, ContinuumStencil);
-void forward(const ForwardArgs<float>& args, const AttentionShape& shape, double scale, SoftmaxStencil);
-void forward(const ForwardArgs<double>& args, const AttentionShape& shape, double scale, ContinuumStencil);
-void forward(const ForwardArgs<double>& args, const AttentionShape& shape, double scale, SoftmaxStencil);
-void backward(const BackwardArgs<float>& args, const AttentionShape& shape, double scale, ContinuumStencil);
-void backward(const BackwardArgs<float>& args, const AttentionShape& shape, double scale, SoftmaxStencil);
-void backward(const BackwardArgs<double>& args, const AttentionShape& shape, double scale, ContinuumStencil);
-void backward(const BackwardArgs<double>& args, const AttentionShape& shape, double scale, SoftmaxStencil);
+/// T: float or double; Stencil: ContinuumStencil or SoftmaxStencil (defined,
+/// for those four pairs, in src/cpu_dispatch.cpp).
+template <class T, class Stencil>
+void forward(const ForwardArgs<T>& args, const AttentionShape& shape, double scale, Stencil);
+template <class T, class Stencil>
+void backward(const BackwardArgs<T>& args, const AttentionShape& shape, double scale, Stencil);
 
 /// One instruction set's kernels (src/cpu_kernels.cpp); index [0] is the
 /// continuum stencil, [1] softmax (and focal).
