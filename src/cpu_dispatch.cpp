@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -53,6 +54,15 @@ std::atomic<int> g_selected{-1};
 
 const KernelTable& table() { return *kTables[int(selected())]; }
 
+/// Each table must be its own set's: kernels of two sets merged at link time
+/// (one namespace for both, backends/cpu/isa.hpp) would report one name.
+void check_tables() {
+  for (int i = 0; i < kIsaCount; ++i)
+    if (std::strcmp(kTables[i]->isa(), name(Isa(i))) != 0)
+      throw std::logic_error(std::string("cpu_dispatch: the ") + name(Isa(i)) + " kernel table runs " +
+                             kTables[i]->isa() + " kernels (objects merged at link time)");
+}
+
 }  // namespace
 
 const char* name(Isa isa) {
@@ -88,7 +98,7 @@ bool supported(Isa isa) {
 Isa selected() {
   int s = g_selected.load(std::memory_order_acquire);
   if (s < 0) {
-    static const Isa first = initial();  // thread-safe; a throw is retried at the next call
+    static const Isa first = (check_tables(), initial());  // thread-safe; a throw is retried at the next call
     int expected = -1;
     g_selected.compare_exchange_strong(expected, int(first), std::memory_order_acq_rel);
     s = g_selected.load(std::memory_order_acquire);
@@ -97,6 +107,7 @@ Isa selected() {
 }
 
 void select(Isa isa) {
+  check_tables();
   if (!supported(isa))
     throw std::invalid_argument(std::string("cpu_dispatch::select: this CPU cannot run ") + name(isa) +
                                 " kernels");

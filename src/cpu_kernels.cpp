@@ -26,11 +26,12 @@ static_assert(std::string_view(continuum::cpu_detail::kCompiledIsa) == CONTINUUM
               "the compiler flags of this object do not give the instruction set it is built for");
 
 namespace continuum {
+inline namespace CONTINUUM_CPU_ISA_NAMESPACE {  // backends/cpu/isa.hpp
 namespace cpu_detail {
 
 extern const cpu_dispatch::KernelTable kernel_table;
 const cpu_dispatch::KernelTable kernel_table = {
-    kCompiledIsa,
+    &compiled_isa,
     {&run_forward<float, ContinuumStencil>, &run_forward<float, SoftmaxStencil>},
     {&run_forward<double, ContinuumStencil>, &run_forward<double, SoftmaxStencil>},
     {&run_backward<float, ContinuumStencil>, &run_backward<float, SoftmaxStencil>},
@@ -38,4 +39,5 @@ const cpu_dispatch::KernelTable kernel_table = {
 };
 
 }  // namespace cpu_detail
+}  // namespace CONTINUUM_CPU_ISA_NAMESPACE
 }  // namespace continuum

@@ -29,6 +29,7 @@
 #endif
 
 namespace continuum {
+inline namespace CONTINUUM_CPU_ISA_NAMESPACE {  // backends/cpu/isa.hpp
 namespace cpu_detail {
 
 /// One query row (b, h, i) of a call as a call of its own: batch = heads =
@@ -246,6 +247,7 @@ void run_backward(const BackwardArgs<T>& args, const AttentionShape& shape, doub
 }
 
 }  // namespace cpu_detail
+}  // namespace CONTINUUM_CPU_ISA_NAMESPACE
 
 /// The CPU backend. Built with CONTINUUM_CPU_DISPATCH (the project's own
 /// binaries: the CMake target continuum::cpu_dispatch), each call runs the

@@ -27,6 +27,7 @@
 #include "isa.hpp"
 
 namespace continuum {
+inline namespace CONTINUUM_CPU_ISA_NAMESPACE {  // backends/cpu/isa.hpp
 namespace cpu_detail {
 
 /// Row statistics saved by pass A for pass B (compute type, [B, Hq, Lq]).
@@ -522,4 +523,5 @@ void backward(const BackwardArgs<T>& a, const AttentionShape& sh, double scale) 
 }
 
 }  // namespace cpu_detail
+}  // namespace CONTINUUM_CPU_ISA_NAMESPACE
 }  // namespace continuum

@@ -63,7 +63,7 @@ struct KernelTable {
   using Forward = void (*)(const ForwardArgs<T>&, const AttentionShape&, double);
   template <class T>
   using Backward = void (*)(const BackwardArgs<T>&, const AttentionShape&, double);
-  const char* isa;  // cpu_detail::kCompiledIsa of the object
+  const char* (*isa)();  // cpu_detail::compiled_isa of the object's own namespace
   Forward<float> forward_float[2];
   Forward<double> forward_double[2];
   Backward<float> backward_float[2];

@@ -14,6 +14,7 @@
 #include "isa.hpp"
 
 namespace continuum {
+inline namespace CONTINUUM_CPU_ISA_NAMESPACE {  // backends/cpu/isa.hpp
 namespace cpu_detail {
 
 /// Forward for query rows [i0, i0 + nq) of (b, hq). Unscaled (scaled =
@@ -197,4 +198,5 @@ void forward(const ForwardArgs<T>& a, const AttentionShape& sh, double scale) {
 }
 
 }  // namespace cpu_detail
+}  // namespace CONTINUUM_CPU_ISA_NAMESPACE
 }  // namespace continuum

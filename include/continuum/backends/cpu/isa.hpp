@@ -45,8 +45,11 @@
 #  define CONTINUUM_CPU_ISA_NAME "generic"
 #endif
 
+// Every CPU header opens `inline namespace CONTINUUM_CPU_ISA_NAMESPACE` itself
+// around its `namespace cpu_detail`: reopening cpu_detail straight from
+// `continuum` finds the same namespace, but clang 14 then mangles its members
+// without the inline namespace, which would merge the sets' kernels again.
 namespace continuum {
-// Every later `namespace continuum { namespace cpu_detail {` reopens this one.
 inline namespace CONTINUUM_CPU_ISA_NAMESPACE {
 namespace cpu_detail {
 
@@ -54,6 +57,11 @@ namespace cpu_detail {
 /// "avx+fma", "avx", "sse2", "generic" (vector code of the compiler's choice)
 /// or "scalar" (no vector extensions).
 inline constexpr const char* kCompiledIsa = CONTINUUM_CPU_ISA_NAME;
+
+/// The same as a function of this namespace: if the linker ever merged two
+/// sets' kernels, the kernel tables of cpu_dispatch would share one copy of it
+/// and report the same name, which cpu_dispatch checks.
+inline const char* compiled_isa() { return CONTINUUM_CPU_ISA_NAME; }
 
 }  // namespace cpu_detail
 }  // namespace CONTINUUM_CPU_ISA_NAMESPACE

@@ -17,6 +17,7 @@
 #endif
 
 namespace continuum {
+inline namespace CONTINUUM_CPU_ISA_NAMESPACE {  // backends/cpu/isa.hpp
 namespace cpu_detail {
 
 /// Below this many score evaluations (rows × keys) a call runs serially.
@@ -59,4 +60,5 @@ void parallel_for(std::int64_t n, int num_threads, double work, Body&& body) {
 }
 
 }  // namespace cpu_detail
+}  // namespace CONTINUUM_CPU_ISA_NAMESPACE
 }  // namespace continuum

@@ -14,6 +14,7 @@
 #endif
 
 namespace continuum {
+inline namespace CONTINUUM_CPU_ISA_NAMESPACE {  // backends/cpu/isa.hpp
 namespace cpu_detail {
 
 /// a·b + c for scalars, with one rounding where the CPU has an FMA instruction
@@ -160,4 +161,5 @@ inline T hmax(typename Simd<T>::v x) {
 #endif
 
 }  // namespace cpu_detail
+}  // namespace CONTINUUM_CPU_ISA_NAMESPACE
 }  // namespace continuum

@@ -21,6 +21,7 @@
 #endif
 
 namespace continuum {
+inline namespace CONTINUUM_CPU_ISA_NAMESPACE {  // backends/cpu/isa.hpp
 namespace cpu_detail {
 
 /// Query rows per block and keys per tile. Key tiles are aligned to multiples
@@ -271,4 +272,5 @@ inline double row_tile_update(const double* srow, index_t c0, index_t lo, index_
 }
 
 }  // namespace cpu_detail
+}  // namespace CONTINUUM_CPU_ISA_NAMESPACE
 }  // namespace continuum

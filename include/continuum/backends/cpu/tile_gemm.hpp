@@ -22,6 +22,7 @@
 #include "isa.hpp"
 
 namespace continuum {
+inline namespace CONTINUUM_CPU_ISA_NAMESPACE {  // backends/cpu/isa.hpp
 namespace cpu_detail {
 
 #if defined(CONTINUUM_CPU_SIMD)
@@ -124,4 +125,5 @@ inline void tile_gemm(index_t M, index_t N, index_t K, const T* A, index_t sa_r,
 #endif  // CONTINUUM_CPU_SIMD
 
 }  // namespace cpu_detail
+}  // namespace CONTINUUM_CPU_ISA_NAMESPACE
 }  // namespace continuum

@@ -65,6 +65,7 @@
 #include "isa.hpp"
 
 namespace continuum {
+inline namespace CONTINUUM_CPU_ISA_NAMESPACE {  // backends/cpu/isa.hpp
 namespace cpu_detail {
 /// The tiled kernels (entry points forward_tiled, backward_tiled).
 namespace tiled {
@@ -1301,4 +1302,5 @@ std::vector<double> backward_tiled(const BackwardArgs<T>& a, double scale, const
 
 }  // namespace tiled
 }  // namespace cpu_detail
+}  // namespace CONTINUUM_CPU_ISA_NAMESPACE
 }  // namespace continuum

@@ -47,6 +47,7 @@
 #include "isa.hpp"
 
 namespace continuum {
+inline namespace CONTINUUM_CPU_ISA_NAMESPACE {  // backends/cpu/isa.hpp
 namespace cpu_detail {
 
 template <class T>
@@ -392,4 +393,5 @@ struct VectorOps {
 #endif  // CONTINUUM_CPU_SIMD
 
 }  // namespace cpu_detail
+}  // namespace CONTINUUM_CPU_ISA_NAMESPACE
 }  // namespace continuum

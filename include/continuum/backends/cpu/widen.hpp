@@ -16,6 +16,7 @@
 #include "isa.hpp"
 
 namespace continuum {
+inline namespace CONTINUUM_CPU_ISA_NAMESPACE {  // backends/cpu/isa.hpp
 namespace cpu_detail {
 
 /// A contiguous BHSD double copy of a view (its shape; strides of its own).
@@ -122,4 +123,5 @@ struct WideBackward {
 };
 
 }  // namespace cpu_detail
+}  // namespace CONTINUUM_CPU_ISA_NAMESPACE
 }  // namespace continuum
