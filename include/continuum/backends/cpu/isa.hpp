@@ -12,6 +12,9 @@
 // Code outside the namespace (the standard library, Eigen, math/) can still be
 // merged; cpu_dispatch links its objects lowest instruction set first, so the
 // copy kept is one every caller's CPU can run (MATH.md §10, "Instruction sets").
+// Such shared code must also *behave* the same in every object: Eigen's heap
+// alignment follows the vector flags, so translation units built for
+// different sets must agree on EIGEN_MAX_ALIGN_BYTES (cpu_dispatch sets 64).
 #pragma once
 
 // Portable vector code: GCC/Clang vector extensions. nvcc's front end (a
