@@ -286,11 +286,7 @@ continuum::BackwardArgs<T> backward_args(const continuum::ForwardArgs<T>& fa, Pr
   ba.grad_query = p.view(p.dq);
   ba.grad_key = p.view(p.dk);
   ba.grad_value = p.view(p.dv);
-  ba.kernel = fa.kernel;
-  ba.temperature = fa.temperature;
-  ba.visibility = fa.visibility;
-  ba.num_threads = fa.num_threads;
-  ba.compute = fa.compute;
+  static_cast<continuum::AttentionOptions<T>&>(ba) = fa;  // the forward's options
   return ba;
 }
 

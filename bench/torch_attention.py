@@ -5,8 +5,8 @@ torch.nn.functional.scaled_dot_product_attention on the CPU.
 Runs, in one process, at batch 1, 8 heads, seq 2048, head_dim 64 (--heads,
 --seq, --dim): forward and forward + backward, full and causal, our
 continuum and softmax kernels in float32 (the default compute: float32
-arithmetic, the tiled kernels; with --exact also compute="float64", the
-exact kernels), SDPA in float32 and bfloat16 (ours has no 16-bit CPU
+arithmetic; with --exact also compute="float64", the same kernels in
+double), SDPA in float32 and bfloat16 (ours has no 16-bit CPU
 storage), and prints each time with the ratio SDPA fp32 / ours (> 1: ours
 is faster). Then the per-call overhead at batch 1, 1 head,
 seq 64, head_dim 32: the time of one small forward (and forward + backward)
@@ -156,7 +156,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--exact", action="store_true",
-                    help='also time compute="float64" (the exact kernels) at the main shape')
+                    help='also time compute="float64" (the kernels in double) at the main shape')
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     model, isa = cpu_description()

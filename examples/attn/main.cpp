@@ -15,8 +15,8 @@
 // double), --compute float64 double arithmetic for either storage type (each
 // output rounded once to the storage type), --compute float32 float arithmetic
 // (float32 storage only: with float64 storage it is a usage error). The same
-// tiled kernels run in every case; --probs (P and the cell masses π) uses the
-// row-exact kernels. Outputs are written in the storage dtype
+// tiled kernels run in every case, --probs (P and the cell masses π)
+// included. Outputs are written in the storage dtype
 // unless --out-dtype says otherwise. Any error: one line on stderr naming the
 // file and the problem, exit status 1 (2 for a bad command line), and no
 // output file written (all outputs go to temporary names and are renamed into
@@ -504,7 +504,7 @@ int main(int argc, char** argv) {
   app.add_option("--out-dtype", o.out_dtype, "output type float32 | float64 (default: the storage type)");
   app.add_option("--threads", o.threads, "OpenMP threads (0 = default); results do not depend on it");
   app.add_flag("--probs", o.probs, "also write p.npy (weights P) and pi.npy (cell masses), [.., seq_q, seq_k] "
-                                   "(the forward then runs the row-exact kernels)");
+                                   "(the same kernels; o and lse do not change)");
   app.add_option("--print", o.print_rows, "print the first N rows of lse and o (batch 0, head 0)");
   app.add_option("--make-example", make_dir, "write deterministic q/k/v/do .npy inputs to this folder and exit");
   app.add_option("--example-shape", example_shape, "batch heads seq_q seq_k head_dim for --make-example")

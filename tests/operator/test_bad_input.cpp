@@ -437,3 +437,80 @@ TEST_CASE("hostile input: the element-level aliasing test agrees with brute forc
   CHECK(shared > 300);  // both answers are exercised
   CHECK(shared < 2700);
 }
+
+TEMPLATE_TEST_CASE("non-finite data: every output it reaches is NaN, every other output keeps its bits",
+                   "[bad-input][non-finite]", float, double) {
+  // Lq = Lk = 40, causal with window (4, 0), GQA 2:1, per-query τ: key j is
+  // seen by rows j … j + 4 of both query heads. A NaN or an Inf goes into
+  // key 17, value 17, query 17 (head 1) or dO 17 (head 0); the rows that see
+  // it must give NaN in out, lse, P, π, dQ and dτ, and NaN in dK and dV of
+  // every key they see; every other element must equal the clean run's bits.
+  const TestType bad = GENERATE(std::numeric_limits<TestType>::quiet_NaN(),
+                                std::numeric_limits<TestType>::infinity());
+  const int where = GENERATE(0, 1, 2, 3);  // K, V, Q, dO
+  const auto compute = GENERATE(continuum::Compute::automatic, continuum::Compute::float64);
+  if (std::is_same<TestType, double>::value && compute == continuum::Compute::float64) return;
+  Case<TestType> c;
+  c.Hq = 2;
+  c.Hk = 1;
+  c.Lq = c.Lk = 40;
+  c.D = 5;
+  c.Dv = 3;
+  c.vis.causal = true;
+  c.vis.window_left = 4;
+  c.tshape = TemperatureShape::per_query;
+  c.compute = compute;
+  c.want_maps = true;
+  c.alloc();
+  auto rng = rng_for(4242);
+  c.fill_uniform(rng);
+  Case<TestType> clean = c;
+  clean.forward();
+  clean.backward();
+  if (where == 0) c.k.at(0, 0, 17, 2) = bad;
+  if (where == 1) c.v.at(0, 0, 17, 1) = bad;
+  if (where == 2) c.q.at(0, 1, 17, 0) = bad;
+  if (where == 3) c.dout.at(0, 0, 17, 2) = bad;
+  c.forward();
+  c.backward();
+  // Rows (h, i) that see the bad element, for the forward and the backward.
+  auto sees = [&](index_t h, index_t i, bool backward) {
+    if (where == 2) return h == 1 && i == 17;
+    if (where == 3) return backward && h == 0 && i == 17;
+    return i >= 17 && i <= 21;
+  };
+  auto keys_of_dirty = [&](index_t j) {  // keys some dirty backward row sees
+    for (index_t h = 0; h < 2; ++h)
+      for (index_t i = 0; i < 40; ++i)
+        if (sees(h, i, true) && j >= i - 4 && j <= i) return true;
+    return false;
+  };
+  const std::size_t Lk = 40;
+  for (index_t h = 0; h < 2; ++h)
+    for (index_t i = 0; i < 40; ++i) {
+      INFO("where " << where << " bad " << bad << " head " << h << " row " << i);
+      const std::size_t row = std::size_t(h * 40 + i);
+      auto same = [](TestType x, TestType y) { return std::memcmp(&x, &y, sizeof x) == 0; };
+      const bool fwd = sees(h, i, false), bwd = sees(h, i, true);
+      for (index_t d = 0; d < 3; ++d)
+        CHECK((fwd ? std::isnan(c.o.at(0, h, i, d)) : same(c.o.at(0, h, i, d), clean.o.at(0, h, i, d))));
+      CHECK((fwd ? std::isnan(c.lse[row]) : same(c.lse[row], clean.lse[row])));
+      for (std::size_t j = 0; j < Lk; ++j) {
+        CHECK((fwd ? std::isnan(c.probs[row * Lk + j]) : same(c.probs[row * Lk + j], clean.probs[row * Lk + j])));
+        CHECK((fwd ? std::isnan(c.cell[row * Lk + j]) : same(c.cell[row * Lk + j], clean.cell[row * Lk + j])));
+      }
+      for (index_t d = 0; d < 5; ++d)
+        CHECK((bwd ? std::isnan(c.dq.at(0, h, i, d)) : same(c.dq.at(0, h, i, d), clean.dq.at(0, h, i, d))));
+      CHECK((bwd ? std::isnan(c.dtau[row]) : same(c.dtau[row], clean.dtau[row])));
+    }
+  for (index_t j = 0; j < 40; ++j) {
+    INFO("where " << where << " bad " << bad << " key " << j);
+    const bool dirty = keys_of_dirty(j);
+    for (index_t d = 0; d < 5; ++d)
+      CHECK((dirty ? std::isnan(c.dk.at(0, 0, j, d))
+                   : std::memcmp(&c.dk.at(0, 0, j, d), &clean.dk.at(0, 0, j, d), sizeof(TestType)) == 0));
+    for (index_t d = 0; d < 3; ++d)
+      CHECK((dirty ? std::isnan(c.dv.at(0, 0, j, d))
+                   : std::memcmp(&c.dv.at(0, 0, j, d), &clean.dv.at(0, 0, j, d), sizeof(TestType)) == 0));
+  }
+}

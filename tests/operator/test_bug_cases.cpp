@@ -864,7 +864,8 @@ TEST_CASE("W13 large q/k magnitude overflow (float)", "[bug][W13]") {
 
 // ---------------------------------------------------------------------------
 // W13 with double storage: q·k beyond DBL_MAX although q and k are finite
-// (CPU exact kernels scale such rows' scores by 2^{-E}, backends/cpu/tile.hpp).
+// (the CPU computes such rows in long double, whose range holds the products;
+// MATH.md §10).
 namespace {
 
 const continuum::Kernel w13_kernels[] = {continuum::Kernel::continuum, continuum::Kernel::softmax,
@@ -965,8 +966,8 @@ TEST_CASE("W13 double: overflowing products that cancel (inf - inf)", "[bug][W13
   const auto fr = check_forward<mp>(c, "W13 cancel");
   CHECK(fr.max_score < 4.0);  // the scores really are O(1)
   CHECK(no_nan(c.o.contiguous()));
-  // The tiled kernels (float_arithmetic) decline such inputs (their
-  // ‖q‖·‖k‖ bound is not finite) and fall back to the exact ones: same bits.
+  // The kernels in double decline such rows (their ‖q‖·‖k‖ bound is not
+  // finite) and compute them in long double, with or without P and π: same bits.
   {
     const std::vector<double> o = c.o.contiguous(), lse = c.lse;
     auto fa = c.forward_args();

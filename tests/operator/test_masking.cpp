@@ -2,8 +2,8 @@
 // Every layout below is run twice, clean and with garbage (NaN, ±Inf, ±1e30)
 // written into positions hidden from some outputs; every output whose inputs
 // avoid the garbage must be bitwise identical in the two runs — forward out and
-// lse, dQ, dK, dV and the per-query dτ — for the tiled kernels
-// (float_arithmetic = true) and the default exact kernels, float and double.
+// lse, dQ, dK, dV and the per-query dτ — for float storage in float (the
+// default) and in double (Compute::float64), and for double storage.
 //
 // Which outputs depend on which inputs (MATH.md §3, §6): row i (out_i, lse_i)
 // reads q_i and the keys/values of its range [lo_i, hi_i); its gradients dQ_i,

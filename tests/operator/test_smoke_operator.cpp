@@ -153,7 +153,7 @@ BackwardArgs<T> backward_args(const Problem& p, Run<T>& r, const std::vector<dou
   a.grad_key = TensorView<T>::bhsd(r.dk.data(), p.B, p.Hk, p.Lk, p.D);
   a.grad_value = TensorView<T>::bhsd(r.dv.data(), p.B, p.Hk, p.Lk, p.Dv);
   a.grad_temperature = r.dtau.data();
-  a.kernel = f.kernel; a.temperature = f.temperature; a.scale = f.scale; a.visibility = f.visibility;
+  static_cast<continuum::AttentionOptions<T>&>(a) = f;  // the forward's options
   return a;
 }
 

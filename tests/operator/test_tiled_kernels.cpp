@@ -1,11 +1,9 @@
 // The tiled CPU kernels (backends/cpu/tiled.hpp) against the 256-bit reference,
 // on shapes that cross every tile boundary (key tiles of 128, query blocks of
 // 256 with sub-blocks of 64, backward query tiles of 64; kept small because
-// the reference is 256-bit), for float with the
-// default double arithmetic and with float_arithmetic = true, and for double.
-// The operator's other forward tests request the P / π maps, which the tiled
-// kernels do not produce (those calls take the exact kernel), so this file is
-// what exercises the tiled forward. Tolerances: harness.hpp forward_tolerance /
+// the reference is 256-bit), for float storage in float (the default,
+// "float_arithmetic" in the labels) and in double (Compute::float64), and for
+// double. Tolerances: harness.hpp forward_tolerance /
 // backward_tolerance (derivations there), unchanged.
 #include <catch2/catch.hpp>
 

@@ -175,6 +175,48 @@ TEMPLATE_TEST_CASE("MATH.md §7.4 P and pi are non-negative and rows sum to 1", 
   }
 }
 
+TEMPLATE_TEST_CASE("inspection maps P and pi change no bit of out and lse", "[property][maps]", float, double) {
+  // The maps come from the same kernels as the output (MATH.md §10): asking
+  // for them must not change how out and lse are computed. Lk = 300 spans
+  // three key tiles; query row 5 of head 1 is scaled so that its scores
+  // exceed 4096 (float and double rows then go to the next wider type, whose
+  // maps must also reach the caller).
+  use_mp_precision();
+  const int vis = GENERATE(0, 1, 3, 4, 5);
+  const auto kernel = GENERATE(continuum::Kernel::continuum, continuum::Kernel::softmax);
+  const auto compute = GENERATE(continuum::Compute::automatic, continuum::Compute::float64);
+  if (std::is_same<TestType, double>::value && compute == continuum::Compute::float64) return;
+  Case<TestType> c;
+  c.Hq = 2;
+  c.Hk = 1;
+  c.Lq = 40;
+  c.Lk = 300;
+  c.D = 6;
+  c.kernel = kernel;
+  c.compute = compute;
+  c.vis = visibility_code(vis);
+  c.want_maps = true;  // allocates P and π
+  c.alloc();
+  auto rng = rng_for(77 + std::uint64_t(vis));
+  c.fill_uniform(rng, -2, 2);
+  for (index_t d = 0; d < c.D; ++d) c.q.at(0, 1, 5, d) *= TestType(3000);
+  c.want_maps = false;
+  c.forward();
+  const std::vector<TestType> o = c.o.contiguous(), lse = c.lse;
+  c.want_maps = true;
+  c.forward();
+  INFO("vis " << vis << " kernel " << continuum::kernel_name(kernel));
+  CHECK(bitwise_equal(c.o.contiguous(), o));
+  CHECK(bitwise_equal(c.lse, lse));
+  // The scaled row's maps are there (its P sums to 1), and match the reference.
+  const std::size_t row = std::size_t(1 * c.Lq + 5);
+  double sp = 0;
+  for (index_t j = 0; j < c.Lk; ++j) sp += double(c.probs[row * std::size_t(c.Lk) + std::size_t(j)]);
+  if (lse[row] > -std::numeric_limits<TestType>::infinity())
+    CHECK_THAT(sp, Catch::Matchers::WithinAbs(1.0, 4 * c.Lk * eps<TestType>()));
+  check_forward<mp>(c, "maps");
+}
+
 // §7.5 -----------------------------------------------------------------------
 TEMPLATE_TEST_CASE("MATH.md §7.5 reversing keys and window reverses P, order matters", "[property][7.5]", float,
                    double) {

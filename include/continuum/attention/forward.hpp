@@ -54,12 +54,12 @@ namespace continuum {
 ///       nothing to write, and returns at once; Lk = 0 gives empty rows; D = 0
 ///       (explicit scale) gives scores 0; Dv = 0 leaves lse, P and π.
 /// \note Rows with no visible key give out = 0 and lse = -inf, never NaN.
-///       Non-finite values in Q/K/V reach only the rows that see them (a key
-///       whose weight underflows to exactly 0 contributes nothing). Double
-///       storage, CPU: raw scores q·k beyond DBL_MAX from finite q, k (MATH.md appendix A
-///       W13, e.g. q = 1e10, k = 1e300) are formed per row in units of 2^E
-///       (backends/cpu/tile.hpp) and give the right limit (≈ the arg-max
-///       key's value, lse = +inf when log Z_i > DBL_MAX), never NaN. Memory
+///       Non-finite values in Q/K/V reach only the rows that see them (on the
+///       CPU those rows' outputs are NaN, MATH.md §10). Double storage, CPU:
+///       raw scores q·k beyond DBL_MAX from finite q, k (MATH.md appendix A
+///       W13, e.g. q = 1e10, k = 1e300) are computed in long double on those
+///       rows and give the right limit (≈ the arg-max key's value, lse = +inf
+///       when log Z_i > DBL_MAX), never NaN. Memory
 ///       O(B·Hq·Lq + tiles); time O(B·Hq·Lq·Lk·(D + Dv)). A KV-cache decode step
 ///       (Lq = 1, causal) gives the full causal forward's row bit for bit.
 template <class Backend, class T>

@@ -94,62 +94,68 @@ enum class Compute {
   float64,
 };
 
-/// Forward arguments. Shapes: query [B, Hq, Lq, D], key [B, Hk, Lk, D],
-/// value [B, Hk, Lk, Dv], out [B, Hq, Lq, Dv]; Hq a multiple of Hk (GQA/MQA).
+/// The options that a call's forward and backward share (both argument
+/// structs contain them): which kernel, its temperature and scale, which keys
+/// each query sees, the arithmetic and the threads. Pass the same options to
+/// the backward as to its forward.
 template <class T>
-struct ForwardArgs {
-  TensorView<const T> query, key, value;
-  TensorView<T> out;
-  /// [B, Hq, Lq] contiguous, log Z_i in natural-log units; may be null.
-  /// Empty rows get -inf. Computed in double and rounded once to the
-  /// accumulator type (T for float/double; float for the CUDA backend's
-  /// 16-bit storage types), so it is ±inf when log Z_i is outside that range
-  /// (tiny τ, huge scores). The CPU backward does not need it (it recomputes
-  /// the row statistics); the CUDA backward reads it.
-  accum_t<T>* lse = nullptr;
+struct AttentionOptions {
   Kernel kernel = Kernel::continuum;
+  /// τ in accum_t<T> (MATH.md §8).
   Temperature<accum_t<T>> temperature{};
   /// Softmax scale; default 1/sqrt(D).
   std::optional<double> scale{};
   Visibility visibility{};
-  /// Optional inspection outputs, [B, Hq, Lq, Lk] contiguous (small inputs
-  /// only): P (the weights that multiply the values) and π (cell masses).
-  T* probs = nullptr;
-  T* cell_mass = nullptr;
   /// The arithmetic (see Compute). Rows whose *visible* data float cannot
-  /// hold (a NaN or Inf, scores beyond 4096, values near overflow) are
-  /// computed in double by the same kernels; rows double cannot hold either
-  /// (non-finite data, raw scores beyond DBL_MAX) and the inspection outputs
-  /// P and π use the CPU backend's row-exact kernels (backends/cpu/forward.hpp).
-  /// Data a row cannot see never changes its result or how it is computed.
-  /// With float compute the kernels form scale / τ in float: τ for which it
-  /// exceeds FLT_MAX is rejected (std::invalid_argument), not computed.
+  /// hold (scores beyond 4096, values near overflow) are computed in double
+  /// by the same kernels, and rows double cannot hold (raw scores beyond
+  /// DBL_MAX, tiny τ) in long double (docs/MATH.md §10); a row that sees a NaN
+  /// or an Inf gets NaN outputs. Data a row cannot see never changes its
+  /// result or how it is computed. With float compute the kernels form
+  /// scale / τ in float: τ for which it exceeds FLT_MAX is rejected
+  /// (std::invalid_argument), not computed.
   Compute compute = Compute::automatic;
   /// OpenMP threads; 0 = the runtime's default. Results do not depend on it.
   int num_threads = 0;
 };
 
-/// Backward arguments: the forward's inputs and outputs plus dO; writes dQ,
-/// dK, dV (same shapes and view rules as Q, K, V) and dτ (same shape as the
-/// temperature: a scalar, [Hq], or [B, Hq, Lq]); any output may be null.
-/// lse, the temperature and dτ are in accum_t<T> (= T for float and double).
+/// Forward arguments: the shared options plus the tensors. Shapes: query
+/// [B, Hq, Lq, D], key [B, Hk, Lk, D], value [B, Hk, Lk, Dv], out
+/// [B, Hq, Lq, Dv]; Hq a multiple of Hk (GQA/MQA).
 template <class T>
-struct BackwardArgs {
+struct ForwardArgs : AttentionOptions<T> {
+  TensorView<const T> query, key, value;
+  TensorView<T> out;
+  /// [B, Hq, Lq] contiguous, log Z_i in natural-log units; may be null.
+  /// Empty rows get -inf. Computed in the compute type and rounded once to
+  /// the accumulator type (T for float/double; float for the CUDA backend's
+  /// 16-bit storage types), so it is ±inf when log Z_i is outside that range
+  /// (tiny τ, huge scores). The CPU backward does not need it (it recomputes
+  /// the row statistics); the CUDA backward reads it.
+  accum_t<T>* lse = nullptr;
+  /// Optional inspection outputs, [B, Hq, Lq, Lk] contiguous (small inputs
+  /// only): P (the weights that multiply the values) and π (cell masses),
+  /// from the same kernels as out (asking for them changes no bit of out or
+  /// lse).
+  T* probs = nullptr;
+  T* cell_mass = nullptr;
+};
+
+/// Backward arguments: the forward's options, inputs and outputs plus dO;
+/// writes dQ, dK, dV (same shapes and view rules as Q, K, V) and dτ (same
+/// shape as the temperature: a scalar, [Hq], or [B, Hq, Lq]); any output may
+/// be null. lse, the temperature and dτ are in accum_t<T> (= T for float and
+/// double).
+template <class T>
+struct BackwardArgs : AttentionOptions<T> {
   TensorView<const T> query, key, value, out, grad_out;
   /// The forward's lse; optional for the CPU backend, which ignores it and
   /// recomputes each row's maximum, reference key and Z (so it also works where
   /// lse overflowed, and a stale or wrong lse changes nothing); the CUDA backend
-  /// needs it. `out` is likewise not read by the CPU backend (either path).
+  /// needs it. `out` is likewise not read by the CPU backend.
   const accum_t<T>* lse = nullptr;
   TensorView<T> grad_query, grad_key, grad_value;
   accum_t<T>* grad_temperature = nullptr;
-  Kernel kernel = Kernel::continuum;
-  Temperature<accum_t<T>> temperature{};
-  std::optional<double> scale{};
-  Visibility visibility{};
-  /// The arithmetic, as in ForwardArgs::compute.
-  Compute compute = Compute::automatic;
-  int num_threads = 0;
 };
 
 }  // namespace continuum

@@ -5,12 +5,27 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "isa.hpp"  // CONTINUUM_CPU_SIMD, the kernels' namespace
 
 #if defined(CONTINUUM_CPU_SIMD) && (defined(__AVX512F__) || defined(__FMA__))
 #  include <immintrin.h>
+#endif
+
+/// Functions whose products must each be rounded (never contracted into FMAs):
+/// put CONTINUUM_NO_FP_CONTRACT_FN before the declaration and
+/// CONTINUUM_NO_FP_CONTRACT_BODY first in the body.
+#if defined(__clang__)
+#  define CONTINUUM_NO_FP_CONTRACT_FN
+#  define CONTINUUM_NO_FP_CONTRACT_BODY _Pragma("clang fp contract(off)")
+#elif defined(__GNUC__) && !defined(__CUDACC__)
+#  define CONTINUUM_NO_FP_CONTRACT_FN __attribute__((optimize("fp-contract=off")))
+#  define CONTINUUM_NO_FP_CONTRACT_BODY
+#else
+#  define CONTINUUM_NO_FP_CONTRACT_FN
+#  define CONTINUUM_NO_FP_CONTRACT_BODY
 #endif
 
 namespace continuum {
@@ -38,6 +53,20 @@ inline float madd(float a, float b, float c) {
   return a * b + c;
 #endif
 }
+/// long double (the widened compute type, MATH.md §10): two roundings, as the
+/// x87 unit has no fused multiply-add.
+inline long double madd(long double a, long double b, long double c) { return a * b + c; }
+
+/// Whether the tiled kernels run T on whole vectors: float and double with the
+/// GCC/Clang vector extensions. Other compute types (long double, for the rows
+/// double cannot hold) take the scalar loops; kLanes<T> is then 1.
+template <class T>
+inline constexpr bool kVector =
+#if defined(CONTINUUM_CPU_SIMD)
+    std::is_same<T, float>::value || std::is_same<T, double>::value;
+#else
+    false;
+#endif
 
 #if defined(CONTINUUM_CPU_SIMD)
 #  if defined(__AVX512F__)
@@ -47,6 +76,13 @@ inline constexpr int kSimdBytes = 32;
 #  else
 inline constexpr int kSimdBytes = 16;
 #  endif
+template <class T>
+inline constexpr int kLanes = kVector<T> ? kSimdBytes / int(sizeof(T)) : 1;
+#else
+template <class T>
+inline constexpr int kLanes = 1;
+#endif
+#if defined(CONTINUUM_CPU_SIMD)
 
 template <class T>
 struct SimdInt;

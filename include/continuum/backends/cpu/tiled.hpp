@@ -1,5 +1,8 @@
-// backends/cpu/tiled.hpp — tiled (FlashAttention-2 style) CPU kernels for the
-// forward and backward of continuum, softmax and focal attention.
+// backends/cpu/tiled.hpp — the CPU kernels (FlashAttention-2 style tiles) for
+// the forward and backward of continuum, softmax and focal attention: the one
+// kernel family of the CPU backend, templated on the compute type T (float,
+// double, and long double for the rows double cannot hold; backends/cpu.hpp)
+// and on the stencil (Continuum = true: the three-point stencil; false: e^s).
 //
 // Forward (MATH.md §4–§5, "numerical form"): one task per (batch, query head,
 // block of kBr query rows), tasks spread over OpenMP threads (dynamic schedule,
@@ -28,9 +31,11 @@
 //   P (α / Z), dS (tridiagonal stencil), dV += Pᵀ dO, dK += dSᵀ (c q), dQ += dS K.
 // The row statistics (max m = s_ref, reference key ref, Z, δ = Dl - dP_ref, dS_ref)
 // are recomputed first by two sweeps over the same tiles (max and ref; then
-// Z and Σ α (dP - dP_ref)), in the reference-key form of the exact backward
-// (backward.hpp), which does not cancel when attention is concentrated; the
-// caller's lse and out are not read.
+// Z and Σ α (dP - dP_ref)), in the reference-key form (reference_grad_score),
+// which does not cancel when attention is concentrated; the caller's lse and
+// out are not read.
+// Inspection maps (P, π; small inputs): written per finished row by the
+// forward (write_maps), from the same scores and stencil.
 // Masking is structural: every product that sums over keys or queries
 // (P·V, dS·K, Pᵀ·dO, dSᵀ·Q) sums only the pairs that see each other
 // (range_gemm), and which rows the tiled kernels take depends only on the data
@@ -59,7 +64,7 @@
 
 #include "../../attention/params.hpp"
 #include "../../attention/visibility.hpp"
-#include "backward.hpp"
+#include "../../detail/row_state.hpp"
 #include "tile_gemm.hpp"
 #include "vector_moments.hpp"
 #include "isa.hpp"
@@ -84,14 +89,9 @@ using StridedMap = Eigen::Map<RowMatrix<T>, Eigen::Unaligned, Eigen::OuterStride
 template <class T>
 using ConstStridedMap = Eigen::Map<const RowMatrix<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
 
-/// Vector width used to pad packed tiles (1 without the micro-kernel).
+/// Vector width used to pad packed tiles (1 for the scalar loops).
 template <class T>
-inline constexpr index_t kPad =
-#if defined(CONTINUUM_TILE_GEMM)
-    Simd<T>::W;
-#else
-    1;
-#endif
+inline constexpr index_t kPad = kLanes<T>;
 
 inline index_t round_up(index_t n, index_t m) { return (n + m - 1) / m * m; }
 
@@ -103,6 +103,7 @@ inline void pack_transposed(const T* src, index_t lds, index_t n, index_t cols, 
 #if defined(CONTINUUM_CPU_SIMD)
   // W × W blocks transposed in registers (a scalar transpose costs about as
   // much as a tenth of the tile's score product).
+  if constexpr (kVector<T>) {
   using S = Simd<T>;
   constexpr int W = S::W;
   const index_t cols_w = cols / W * W;
@@ -115,6 +116,7 @@ inline void pack_transposed(const T* src, index_t lds, index_t n, index_t cols, 
     }
     for (index_t d = cols_w; d < cols; ++d)
       for (int i = 0; i < W; ++i) dst[d * ldd + c + i] = src[(c + i) * lds + d];
+  }
   }
 #endif
   for (index_t d = 0; d < cols; ++d) {
@@ -139,8 +141,11 @@ inline void gemm(index_t M, index_t N, index_t K, const T* A, index_t sa_r, inde
     return;
   }
 #if defined(CONTINUUM_TILE_GEMM)
-  tile_gemm<T>(M, N, K, A, sa_r, sa_k, B, ldb, C, ldc, accumulate);
-#else
+  if constexpr (kVector<T>) {
+    tile_gemm<T>(M, N, K, A, sa_r, sa_k, B, ldb, C, ldc, accumulate);
+    return;
+  }
+#endif
   // Plain loops: each element is the running sum over k in order, as in the
   // micro-kernel, so a row's result does not depend on M, N or the other rows
   // (a library GEMM's blocking would make a KV-cache decode step differ from
@@ -155,7 +160,6 @@ inline void gemm(index_t M, index_t N, index_t K, const T* A, index_t sa_r, inde
       for (index_t n = 0; n < N; ++n) c[n] = madd(a, b[n], c[n]);
     }
   }
-#endif
 }
 
 /// Masked tile product, the structural form of masking: for every row m < M,
@@ -283,92 +287,107 @@ inline void serial_eigen_in_this_region() {
 
 
 // ---------------------------------------------------------------------------
-// Which rows the tiled kernels take. They compute in T (float accumulates in
+// Which rows the kernels in T take. They compute in T (float accumulates in
 // float), so a row needs, over the data it sees (its query, its dO, and the
 // keys and values in its visible range — nothing else):
-//  * every element finite (NaN and Inf get the row-exact kernels' semantics);
 //  * c_i = scale / τ_i representable in T (float: tiny τ);
-//  * moderate scores: c_i ‖q_i‖ max_{j visible} ‖k_j‖ ≤ 4096, and
-//    (hi − lo + 1) · max|v| ≤ 1e30 (float) / 1e290 (double).
-// The decision is made per row, from visible data only, so what a row cannot
-// see never changes how (or by which kernel) it is computed. A row that does
-// not qualify is handed on (backends/cpu.hpp: float rows to these kernels in
-// double, double rows to the row-exact kernels); the tiled pass treats it as
-// empty.
-// Cost: one pass over Q, K, V (and dO), as the former whole-call scan.
+//  * moderate scores: c_i ‖q_i‖ max_{j visible} ‖k_j‖ ≤ kMaxScore<T>, and
+//    (hi − lo + 1) · max|v| ≤ kValueBound<T> (dP likewise in the backward).
+// A row that does not qualify is handed on to the same kernels in the next
+// wider type (backends/cpu.hpp: float → double → long double, MATH.md §10);
+// a row with a NaN or an Inf in the data it sees is not computed at all: its
+// outputs are NaN (write_nonfinite_rows). The decision is made per row, from
+// visible data only, so what a row cannot see never changes how it is
+// computed. Cost: one pass over Q, K, V (and dO).
 // ---------------------------------------------------------------------------
-template <class T>
-inline constexpr double kFlashBound = sizeof(T) == sizeof(float) ? 1e30 : 1e290;
 
-/// Largest score the tiled kernels take: |s_ij| ≤ c_i ‖q_i‖ ‖k_j‖ ≤ 4096.
-/// Beyond it the float scores themselves carry absolute errors ≳ 2.4e-4
-/// (ε_float · |s|); the exact kernel, which forms scores in double from exact
-/// products, handles those rows.
-inline constexpr double kFlashMaxScore = 4096.0;
-
-/// ‖x‖₂ of one row, +inf when it holds a NaN or an Inf.
+/// The type the magnitudes of T's data are measured in: double, or T when T
+/// is wider (so that finite data of T never overflows the measure).
 template <class T>
-inline double row_norm_or_inf(const T* x, index_t n) {
-  double ss = 0;
-  int bad = 0;
-#pragma omp simd reduction(+ : ss) reduction(| : bad)
-  for (index_t d = 0; d < n; ++d) {
-    const double a = double(x[d]);
-    bad |= !(a - a == 0.0);  // NaN or ±Inf
-    ss += a * a;
-  }
-  return bad ? std::numeric_limits<double>::infinity() : std::sqrt(ss);
+using MeasureType = std::conditional_t<(sizeof(T) > sizeof(double)), T, double>;
+
+/// Largest |v| (times the terms summed) that a row's P·V and dO·Vᵀ sums in T
+/// may reach.
+template <class T>
+inline constexpr MeasureType<T> kValueBound = sizeof(T) == sizeof(float)    ? 1e30
+                                             : sizeof(T) == sizeof(double) ? 1e290
+                                                                           : MeasureType<T>(1e4900L);
+
+/// Largest score c_i ‖q_i‖ ‖k_j‖ the kernels in T take. In float and double
+/// 4096: beyond it float scores carry absolute errors ≳ 2.4e-4 (ε_float · |s|),
+/// and double rows with scores that large (tiny τ, huge q·k — W12, W13) go to
+/// long double, whose range holds every product of doubles. Long double takes
+/// every finite score.
+template <class T>
+inline constexpr MeasureType<T> kMaxScore = sizeof(T) <= sizeof(double) ? 4096.0 : MeasureType<T>(1e4900L);
+
+/// The type row_eligibility measures T's data in: T itself for float (a
+/// squared norm that overflows float only declines the row to double, which
+/// measures again), MeasureType<T> otherwise.
+template <class T>
+using BoundType = std::conditional_t<std::is_same<T, float>::value, float, MeasureType<T>>;
+
+/// ‖x‖₂² of one row in A (one multiply-add per element), and whether the row
+/// holds a NaN or an Inf: the elements are checked only when the sum is not
+/// finite (then it is +inf for finite rows whose sum overflowed A).
+template <class A, class T>
+inline A row_norm2(const T* x, index_t n, bool& bad) {
+  A ss = A(0);
+#pragma omp simd reduction(+ : ss)
+  for (index_t d = 0; d < n; ++d) ss += A(x[d]) * A(x[d]);
+  bad = false;
+  if (ss <= std::numeric_limits<A>::max()) return ss;
+  for (index_t d = 0; d < n; ++d) bad = bad || !std::isfinite(x[d]);
+  return std::numeric_limits<A>::infinity();
 }
-/// max |x_d| of one row, +inf when it holds a NaN or an Inf.
-template <class T>
-inline double row_max_abs_or_inf(const T* x, index_t n) {
-  double m = 0;
-  int bad = 0;
-#pragma omp simd reduction(max : m) reduction(| : bad)
-  for (index_t d = 0; d < n; ++d) {
-    const double a = double(x[d]);
-    bad |= !(a - a == 0.0);
-    const double b = a < 0 ? -a : a;
-    m = b > m ? b : m;
-  }
-  return bad ? std::numeric_limits<double>::infinity() : m;
-}
 
-/// Per-key magnitudes of one (batch, KV head): ‖k_j‖ and max|v_j| (+inf for a
-/// key or value with a NaN or Inf), and their maxima over blocks of kBc keys,
-/// so that the maximum over any range [lo, hi) costs O(kBc + Lk / kBc).
+/// Per-key magnitudes of one (batch, KV head): ‖k_j‖², ‖v_j‖² and whether k_j
+/// or v_j holds a NaN or an Inf, and their maxima (or) over blocks of kBc
+/// keys, so that the value over any range [lo, hi) costs O(kBc + Lk / kBc).
+/// One pass over K and V with one multiply-add per element.
+template <class A>
 struct KeyMagnitudes {
-  std::vector<double> kn, vm, kn_blk, vm_blk;
+  std::vector<A> kn, vn, kn_blk, vn_blk;
+  std::vector<char> bad, bad_blk;
   template <class T>
   void build(const TensorView<const T>& key, const TensorView<const T>& value, index_t b, index_t hk) {
     const index_t Lk = key.seq, nb = (Lk + kBc - 1) / kBc;
     kn.resize(std::size_t(Lk));
-    vm.resize(std::size_t(Lk));
-    kn_blk.assign(std::size_t(nb), 0.0);
-    vm_blk.assign(std::size_t(nb), 0.0);
+    vn.resize(std::size_t(Lk));
+    bad.resize(std::size_t(Lk));
+    kn_blk.assign(std::size_t(nb), A(0));
+    vn_blk.assign(std::size_t(nb), A(0));
+    bad_blk.assign(std::size_t(nb), 0);
     for (index_t j = 0; j < Lk; ++j) {
-      kn[j] = row_norm_or_inf(key.row(b, hk, j), key.dim);
-      vm[j] = row_max_abs_or_inf(value.row(b, hk, j), value.dim);
+      bool kb, vb;
+      kn[j] = row_norm2<A>(key.row(b, hk, j), key.dim, kb);
+      vn[j] = row_norm2<A>(value.row(b, hk, j), value.dim, vb);
+      bad[j] = char(kb || vb);
       kn_blk[j / kBc] = std::max(kn_blk[j / kBc], kn[j]);
-      vm_blk[j / kBc] = std::max(vm_blk[j / kBc], vm[j]);
+      vn_blk[j / kBc] = std::max(vn_blk[j / kBc], vn[j]);
+      bad_blk[j / kBc] |= bad[j];
     }
   }
-  /// Maxima over the keys [lo, hi) (lo < hi).
-  void range_max(index_t lo, index_t hi, double& kmax, double& vmax) const {
-    kmax = vmax = 0;
+  /// Maxima of ‖k‖² and ‖v‖² over the keys [lo, hi) (lo < hi); nonfinite when
+  /// one of them holds a NaN or an Inf.
+  void range_max(index_t lo, index_t hi, A& kmax, A& vmax, bool& nonfinite) const {
+    kmax = vmax = A(0);
+    char nf = 0;
     index_t j = lo;
-    for (; j < hi && j % kBc != 0; ++j) kmax = std::max(kmax, kn[j]), vmax = std::max(vmax, vm[j]);
+    for (; j < hi && j % kBc != 0; ++j) kmax = std::max(kmax, kn[j]), vmax = std::max(vmax, vn[j]), nf |= bad[j];
     for (; j + kBc <= hi; j += kBc)
-      kmax = std::max(kmax, kn_blk[j / kBc]), vmax = std::max(vmax, vm_blk[j / kBc]);
-    for (; j < hi; ++j) kmax = std::max(kmax, kn[j]), vmax = std::max(vmax, vm[j]);
+      kmax = std::max(kmax, kn_blk[j / kBc]), vmax = std::max(vmax, vn_blk[j / kBc]), nf |= bad_blk[j / kBc];
+    for (; j < hi; ++j) kmax = std::max(kmax, kn[j]), vmax = std::max(vmax, vn[j]), nf |= bad[j];
+    nonfinite = nf != 0;
   }
 };
 
 /// Row states of a call, indexed by the row id (b·Hq + h)·Lq + i.
 enum RowState : char {
-  kDeclined = 0,  ///< visible data the tiled kernel in T does not take: handed on
-  kTiled = 1,     ///< computed by the tiled kernel
-  kNotOurs = 2,   ///< outside the call's row subset: left alone
+  kDeclined = 0,   ///< visible data the kernels in T do not take: handed to the next wider type
+  kTiled = 1,      ///< computed by the kernels in T
+  kNotOurs = 2,    ///< outside the call's row subset: left alone
+  kNonFinite = 3,  ///< a NaN or an Inf in the data the row sees: its outputs are NaN
 };
 
 /// The row ids whose state is `state`, ascending.
@@ -379,14 +398,16 @@ inline std::vector<index_t> rows_in_state(const std::vector<char>& ok, char stat
   return rows;
 }
 
-/// Per-row eligibility for the tiled kernels (see above): ok[row] is a
-/// RowState. subset (null = every row) marks the rows this call computes.
-/// grad_out is null for the forward. Returns the number of declined rows.
+/// Per-row states for the kernels in T (see above): ok[row] is a RowState.
+/// subset (null = every row) marks the rows this call computes. grad_out is
+/// null for the forward. Returns the number of rows not computed in T
+/// (declined or non-finite).
 template <class T>
 index_t row_eligibility(const TensorView<const T>& query, const TensorView<const T>& key,
                         const TensorView<const T>& value, const TensorView<const T>* grad_out,
                         const Visibility& vis, const Temperature<T>& temp, double scale, int threads,
                         const char* subset, std::vector<char>& ok) {
+  using A = BoundType<T>;
   const index_t B = query.batch, Hq = query.heads, Hk = key.heads, Lq = query.seq, Lk = key.seq;
   ok.assign(std::size_t(B * Hq * Lq), kTiled);
   if (subset)
@@ -399,7 +420,7 @@ index_t row_eligibility(const TensorView<const T>& query, const TensorView<const
 #  pragma omp parallel num_threads(threads) if (threads > 1 && ntasks > 1) reduction(+ : rejected)
 #endif
   {
-    KeyMagnitudes km;
+    KeyMagnitudes<A> km;
 #if defined(_OPENMP)
 #  pragma omp for schedule(dynamic, 1)
 #endif
@@ -408,30 +429,73 @@ index_t row_eligibility(const TensorView<const T>& query, const TensorView<const
       km.build(key, value, b, hk);
       for (index_t h = hk * group; h < (hk + 1) * group; ++h)
         for (index_t i = 0; i < Lq; ++i) {
-          if (ok[std::size_t((b * Hq + h) * Lq + i)] == kNotOurs) continue;
+          char& state = ok[std::size_t((b * Hq + h) * Lq + i)];
+          if (state == kNotOurs) continue;
           const KeyRange rg = visible_range(vis, b, i, Lq, Lk);
           if (rg.empty()) continue;
-          const double tau = double(temperature_of(temp, b, h, i, Hq, Lq));
-          const double c = scale / tau;
-          double kmax, vmax;
-          km.range_max(rg.lo, rg.hi, kmax, vmax);
-          const double qn = row_norm_or_inf(query.row(b, h, i), query.dim);
-          // c = scale / τ is formed in T (folded into q): it must fit T.
-          bool fine = tau > 0 && c <= double(std::numeric_limits<T>::max()) && c * qn * kmax <= kFlashMaxScore &&
-                      double(rg.size() + 1) * vmax <= kFlashBound<T>;
-          if (fine && grad_out) {
-            // dP = dO · Vᵀ stays far from overflow.
-            const double gm = row_max_abs_or_inf(grad_out->row(b, h, i), grad_out->dim);
-            fine = double(std::max(value.dim, rg.size()) + 1) * gm * vmax <= kFlashBound<T>;
+          const A tau = A(temperature_of(temp, b, h, i, Hq, Lq));
+          const A c = A(A(scale) / tau);
+          A k2, v2, g2 = A(0);
+          bool bad, qbad, gbad = false;
+          km.range_max(rg.lo, rg.hi, k2, v2, bad);
+          const A q2 = row_norm2<A>(query.row(b, h, i), query.dim, qbad);
+          if (grad_out) g2 = row_norm2<A>(grad_out->row(b, h, i), grad_out->dim, gbad);
+          if (bad || qbad || gbad) {
+            state = kNonFinite;
+            ++rejected;
+            continue;
           }
+          // Norms bound the magnitudes (max |x_d| ≤ ‖x‖). c = scale / τ is
+          // formed in T and folded into q: c and c·q must fit T.
+          const A qn = std::sqrt(q2), kmax = std::sqrt(k2), vmax = std::sqrt(v2), gm = std::sqrt(g2);
+          const A tmax = A(std::numeric_limits<T>::max());
+          bool fine = tau > 0 && c <= tmax && c * qn <= tmax / 2 && c * qn * kmax <= A(kMaxScore<T>) &&
+                      A(rg.size() + 1) * vmax <= A(kValueBound<T>);
+          // dP = dO · Vᵀ stays far from overflow.
+          if (fine && grad_out) fine = A(std::max(value.dim, rg.size()) + 1) * gm * vmax <= A(kValueBound<T>);
           if (!fine) {
-            ok[std::size_t((b * Hq + h) * Lq + i)] = kDeclined;
+            state = kDeclined;
             ++rejected;
           }
         }
     }
   }
   return rejected;
+}
+
+/// The forward outputs of the non-finite rows: out and lse NaN.
+template <class T>
+void write_nonfinite_rows(const ForwardArgs<T>& a, const std::vector<char>& ok) {
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  const index_t Hq = a.query.heads, Lq = a.query.seq, Lk = a.key.seq;
+  for (index_t row : rows_in_state(ok, kNonFinite)) {
+    const index_t i = row % Lq, h = (row / Lq) % Hq, b = row / (Lq * Hq);
+    if (a.out.data) std::fill(a.out.row(b, h, i), a.out.row(b, h, i) + a.out.dim, nan);
+    if (a.lse) a.lse[row] = nan;
+    if (a.probs) std::fill(a.probs + row * Lk, a.probs + (row + 1) * Lk, nan);
+    if (a.cell_mass) std::fill(a.cell_mass + row * Lk, a.cell_mass + (row + 1) * Lk, nan);
+  }
+}
+
+/// The backward outputs of the non-finite rows: their dQ and dτ terms NaN,
+/// and NaN in dK and dV of every key they see (a NaN in a row's data reaches
+/// every gradient that sums over it; nothing else is touched).
+template <class T>
+void write_nonfinite_rows(const BackwardArgs<T>& a, const std::vector<char>& ok, std::vector<double>& dtau_rows) {
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  const index_t Hq = a.query.heads, Lq = a.query.seq, Lk = a.key.seq;
+  const index_t group = Hq / a.key.heads;
+  for (index_t row : rows_in_state(ok, kNonFinite)) {
+    const index_t i = row % Lq, h = (row / Lq) % Hq, b = row / (Lq * Hq);
+    const KeyRange rg = visible_range(a.visibility, b, i, Lq, Lk);
+    if (a.grad_query.data) std::fill(a.grad_query.row(b, h, i), a.grad_query.row(b, h, i) + a.grad_query.dim, nan);
+    if (!dtau_rows.empty()) dtau_rows[std::size_t(row)] = std::numeric_limits<double>::quiet_NaN();
+    for (index_t j = rg.lo; j < rg.hi; ++j) {
+      if (a.grad_key.data) std::fill(a.grad_key.row(b, h / group, j), a.grad_key.row(b, h / group, j) + a.grad_key.dim, nan);
+      if (a.grad_value.data)
+        std::fill(a.grad_value.row(b, h / group, j), a.grad_value.row(b, h / group, j) + a.grad_value.dim, nan);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -447,6 +511,7 @@ inline T row_max(const T* s, index_t c0, index_t c1) {
   T m = -std::numeric_limits<T>::infinity();
   index_t c = c0;
 #if defined(CONTINUUM_CPU_SIMD)
+  if constexpr (kVector<T>) {
   using S = Simd<T>;
   using V = typename S::v;
   if (c1 - c0 >= S::W) {
@@ -463,6 +528,7 @@ inline T row_max(const T* s, index_t c0, index_t c1) {
     }
     m0 = m1 > m0 ? m1 : m0;
     m = hmax<T>(m0);
+  }
   }
 #endif
   for (; c < c1; ++c) m = s[c] > m ? s[c] : m;
@@ -493,6 +559,7 @@ template <class T>
 inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bool half_lo, bool half_hi) {
   const T e0 = exp_clamped(s[c0] - m);
 #if defined(CONTINUUM_CPU_SIMD)
+  if constexpr (kVector<T>) {
   using S = Simd<T>;
   using V = typename S::v;
   using VI = typename S::vi;
@@ -541,7 +608,9 @@ inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bo
   const T w_last = last_left + (half_hi ? T(0.5) * last_e : T(0));
   w[c1 - 1] = w_last;
   return w_last + hsum<T>(acc);
-#else
+  } else
+#endif
+  {
   T e_prev = e0, left_prev = half_lo ? T(0.5) * e0 : T(0), sum = T(0);
   for (index_t j = c0 + 1; j < c1; ++j) {
     const T x = s[j - 1], y = s[j];
@@ -556,7 +625,7 @@ inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bo
   }
   w[c1 - 1] = left_prev + (half_hi ? T(0.5) * e_prev : T(0));
   return sum + w[c1 - 1];
-#endif
+  }
 }
 
 /// w[c] = e^{s[c] - m} for c in [c0, c1); returns Σ w[c] (softmax weights).
@@ -564,6 +633,7 @@ inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bo
 template <class T>
 inline T row_exp_sum(const T* s, T m, T* w, index_t c0, index_t c1) {
 #if defined(CONTINUUM_CPU_SIMD)
+  if constexpr (kVector<T>) {
   using S = Simd<T>;
   using V = typename S::v;
   using VI = typename S::vi;
@@ -577,23 +647,27 @@ inline T row_exp_sum(const T* s, T m, T* w, index_t c0, index_t c1) {
     acc += e;
   }
   return hsum<T>(acc);
-#else
+  } else
+#endif
+  {
   T sum = T(0);
   for (index_t c = c0; c < c1; ++c) sum += (w[c] = exp_clamped(s[c] - m));
   return sum;
-#endif
+  }
 }
 
 /// e[c] = e^{s[c] - m} for c in [c0, c1).
 template <class T>
 inline void row_exp(const T* s, T* e, T m, index_t c0, index_t c1) {
 #if defined(CONTINUUM_CPU_SIMD)
-  using S = Simd<T>;
-  for (index_t c = c0; c < c1; c += S::W) S::store(e + c, VectorOps<T>::exp_clamped(S::load(s + c) - m));
-#else
-#  pragma omp simd
-  for (index_t c = c0; c < c1; ++c) e[c] = exp_clamped(s[c] - m);
+  if constexpr (kVector<T>) {
+    using S = Simd<T>;
+    for (index_t c = c0; c < c1; c += S::W) S::store(e + c, VectorOps<T>::exp_clamped(S::load(s + c) - m));
+    return;
+  }
 #endif
+#pragma omp simd
+  for (index_t c = c0; c < c1; ++c) e[c] = exp_clamped(s[c] - m);
 }
 
 /// Backward terms of the segments (c-1, c), c in [c0, c1), with g = dP - Dl:
@@ -604,6 +678,7 @@ template <class T>
 inline void row_segments_backward(const T* s, const T* e, const T* g, T* ax, T* ay, T* dx, T* dy, index_t c0,
                                   index_t c1) {
 #if defined(CONTINUUM_CPU_SIMD)
+  if constexpr (kVector<T>) {
   using S = Simd<T>;
   using V = typename S::v;
   for (index_t c = c0; c < c1; c += S::W) {
@@ -618,8 +693,10 @@ inline void row_segments_backward(const T* s, const T* e, const T* g, T* ax, T* 
     S::store(dx + c - 1, gx * (xn ? dnear : dfar) + gy * cpl);
     S::store(dy + c, gy * (yn ? dnear : dfar) + gx * cpl);
   }
-#else
-#  pragma omp simd
+  return;
+  }
+#endif
+#pragma omp simd
   for (index_t c = c0; c < c1; ++c) {
     const T x = s[c - 1], y = s[c];
     const T b = x > y ? x - y : y - x;
@@ -631,7 +708,6 @@ inline void row_segments_backward(const T* s, const T* e, const T* g, T* ax, T* 
     dx[c - 1] = g[c - 1] * (xn ? dnear : dfar) + g[c] * cpl;
     dy[c] = g[c] * (yn ? dnear : dfar) + g[c - 1] * cpl;
   }
-#endif
 }
 
 // ---------------------------------------------------------------------------
@@ -647,11 +723,50 @@ struct ForwardWorkspace {
   std::vector<T> m, l;
   std::vector<RowRange> range;
   std::vector<index_t> kb, ke;  // per row, the keys [kb, ke) of its P·V terms in the tile
+  std::vector<T> map_s, map_w;  // one row's scores and weights (inspection maps only)
   /// rows: the most query rows of one task (≤ kBr; a decode step has a few).
   ForwardWorkspace(index_t D, index_t Dv, index_t rows)
       : q(rows, D), kt(D, kBc), s(RowMatrix<T>::Zero(rows, kBc + 1 + kPad<T>)), w(rows, kBc + 1 + kPad<T>),
         o(rows, Dv), m(rows), l(rows), range(rows), kb(rows), ke(rows) {}
 };
+
+/// The inspection maps of one finished row (small inputs; MATH.md §5), each
+/// Lk entries, zero outside the visible keys [lo, hi): P_j = α_j / Z, the
+/// kernel's own stencil weights taken over the whole visible range at once,
+/// and π_j = the half-token cell mass / Z. qs is the row's query scaled by c,
+/// m and l its final maximum and Σ α e^{-m}.
+template <class T, bool Continuum>
+void write_maps(const T* qs, const TensorView<const T>& key, index_t b, index_t hk, RowRange rg, T m, T l, T* prow,
+                T* mrow, ForwardWorkspace<T>& ws) {
+  const index_t Lk = key.seq, D = key.dim, lo = rg.lo, hi = rg.hi;
+  if (prow) std::fill(prow, prow + Lk, T(0));
+  if (mrow) std::fill(mrow, mrow + Lk, T(0));
+  if (hi <= lo || !(l > T(0))) return;
+  ws.map_s.assign(std::size_t(Lk + 2 * kPad<T>), T(0));
+  ws.map_w.assign(std::size_t(Lk + 2 * kPad<T>), T(0));
+  T* sb = ws.map_s.data();
+  T* wb = ws.map_w.data();
+  for (index_t j = lo; j < hi; ++j) {  // the tile product's operations: a running multiply-add in d order
+    const T* kj = key.row(b, hk, j);
+    T acc = T(0);
+    for (index_t d = 0; d < D; ++d) acc = madd(qs[d], kj[d], acc);
+    sb[j] = acc;
+  }
+  if constexpr (Continuum)
+    row_continuum_weights(sb, m, wb, lo, hi, true, true);
+  else
+    row_exp_sum(sb, m, wb, lo, hi);
+  if (prow)
+    for (index_t j = lo; j < hi; ++j) prow[j] = wb[j] / l;
+  if (mrow) {
+    using F = detail::FlushedStencil<std::conditional_t<Continuum, ContinuumStencil, SoftmaxStencil>, double>;
+    for (index_t j = lo; j < hi; ++j) {
+      const bool hl = j - 1 >= lo, hr = j + 1 < hi;
+      const double x = double(sb[j] - m), xl = hl ? double(sb[j - 1] - m) : 0.0, xr = hr ? double(sb[j + 1] - m) : 0.0;
+      mrow[j] = T(F::cell_mass(xl, x, xr, hl, hr)) / l;
+    }
+  }
+}
 
 /// One task: the query rows [i0, i1) of the nh query heads h0 … h0 + nh − 1 of
 /// batch b, which share one KV head (nh = 1, or the whole GQA group when a
@@ -680,7 +795,7 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
       kmin = std::min(kmin, ws.range[r].lo);
       kmax = std::max(kmax, ws.range[r].hi);
     }
-    const T c = T(scale / double(temperature_of(a.temperature, b, h, i, Hq, Lq)));
+    const T c = T(MeasureType<T>(scale) / MeasureType<T>(temperature_of(a.temperature, b, h, i, Hq, Lq)));
     const T* qi = a.query.row(b, h, i);
     T* qs = ws.q.row(r).data();
     for (index_t d = 0; d < D; ++d) qs[d] = c * qi[d];
@@ -778,14 +893,21 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
       for (index_t d = 0; d < Dv; ++d) out[d] = empty ? T(0) : ws.o(r, d) * inv;
     }
     if (a.lse) a.lse[(b * Hq + h) * Lq + i] = empty ? kNegInf : ws.m[r] + std::log(ws.l[r]);
+    if (a.probs || a.cell_mass) {
+      const index_t row = (b * Hq + h) * Lq + i;
+      write_maps<T, Continuum>(ws.q.row(r).data(), a.key, b, hk, ws.range[r], ws.m[r], ws.l[r],
+                               a.probs ? a.probs + row * Lk : nullptr, a.cell_mass ? a.cell_mass + row * Lk : nullptr,
+                               ws);
+    }
   }
 }
 
 /// Tiled forward, arithmetic in T, of the rows in `subset` (null = every
 /// row; the others' outputs are left alone). `scale` is the softmax scale
 /// (validated by the caller). Rows the tiled kernel in T does not take
-/// (row_eligibility) are handed to declined(rows), which computes them
-/// (backends/cpu.hpp: in double, or with the row-exact kernel).
+/// (row_eligibility) are handed to declined(rows), which computes them in the
+/// next wider type (backends/cpu.hpp); rows that see a NaN or an Inf get NaN
+/// outputs (write_nonfinite_rows).
 template <class T, bool Continuum, class Declined>
 void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, Declined&& declined) {
   const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq, D = a.query.dim;
@@ -828,7 +950,10 @@ void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, De
       forward_block<T, Continuum>(a, b, h0, nh, i0, i1, scale, ws, subset || rejected ? ok.data() : nullptr);
     }
   }
-  if (rejected > 0) declined(rows_in_state(ok, kDeclined));
+  if (rejected > 0) {
+    declined(rows_in_state(ok, kDeclined));
+    write_nonfinite_rows(a, ok);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -864,9 +989,73 @@ struct RowInfo {
   std::vector<T> c, tau, m, inv_l;  // P_ij = e^{s_ij - m_i} · inv_l_i, m_i = s_i,ref
   std::vector<index_t> ref;          // the row's reference key: its first visible key at the maximum
   std::vector<T> dpref, delta, dsref;  // dP at ref; δ = Dl − dP_ref; dS at ref
-  std::vector<double> z, a_ref, a_other, e_far, e_near;  // Σ α̃, α̃_ref, Σ_{k≠ref} α̃, Σ α̃ h (far / near ref)
-  std::vector<double> dts;  // Σ_j dS_ij s_ij (for dτ), summed in double
+  // Σ α̃, α̃_ref, Σ_{k≠ref} α̃, Σ α̃ h (far / near ref) and Σ_j dS_ij s_ij (for
+  // dτ), summed in MeasureType<T> (double, or long double for long double).
+  std::vector<MeasureType<T>> z, a_ref, a_other, e_far, e_near, dts;
 };
+
+/// One raw product q·k in W (double or wider), each term rounded (never
+/// contracted into an FMA: products that overflow T and cancel, W13, stay
+/// exact) and summed in d order.
+template <class W, class TQ, class TK>
+CONTINUUM_NO_FP_CONTRACT_FN inline W wide_dot(const TQ* q, const TK* k, index_t depth) {
+  CONTINUUM_NO_FP_CONTRACT_BODY
+  W s = W(0);
+  for (index_t d = 0; d < depth; ++d) s += W(q[d]) * W(k[d]);
+  return s;
+}
+
+/// Z̃·dS at the reference key of a row (its first visible key at the maximum),
+/// in a form without cancellation (MATH.md §6):
+///   Z̃·dS_ref = −P_ref·E_far − Σ_{k=ref±1} h_k (α̃_k − ∂α̃_k/∂s_ref)
+///              + (1 − P_ref)·Σ_{k=ref±1} h_k α̃_k,
+/// with h_k = dP_k − dP_ref, E_far = Σ_{|k−ref|>1} h_k α̃_k, P_ref = α̃_ref/Z̃,
+/// 1 − P_ref = Σ_{k≠ref} α̃_k / Z̃. The near terms are evaluated here from the
+/// shifted scores score(k) of keys ref−2 … ref+2 and dp(k) = dP_k:
+/// α̃_k − ∂α̃_k/∂s_ref is the weight of k's other side plus ∂w(s_k, s_ref)/∂s_k,
+/// a sum of positive terms.
+template <class Stencil, class W, class Score, class DotP>
+W reference_grad_score(KeyRange rg, index_t ref, Score score, DotP dp, W dpref, W alpha_ref, W alpha_other, W sum,
+                       W e_far, W e_near) {
+  using S = detail::SegmentStencil<Stencil>;
+  const W p_ref = alpha_ref / sum, p_other = alpha_other / sum;
+  W d = -p_ref * e_far;
+  if constexpr (S::has_halo) {
+    const double s_ref = double(score(ref));
+    W near = W(0);
+    for (int side = -1; side <= 1; side += 2) {
+      const index_t k = ref + side;
+      if (k < rg.lo || k >= rg.hi) continue;
+      const double sk = double(score(k));
+      double d_left, d_right, cp, own_dx;
+      if (side < 0) {
+        S::derivatives(sk, s_ref, &d_left, &d_right, &cp);
+        own_dx = d_left;
+      } else {
+        S::derivatives(s_ref, sk, &d_left, &d_right, &cp);
+        own_dx = d_right;
+      }
+      const index_t o = k + side;  // k's other neighbour
+      double other;
+      if (o >= rg.lo && o < rg.hi) {
+        double wl, wr;
+        if (side < 0) {
+          S::weights(double(score(o)), sk, &wl, &wr);
+          other = wr;
+        } else {
+          S::weights(sk, double(score(o)), &wl, &wr);
+          other = wl;
+        }
+      } else {
+        other = S::half_cell(sk);
+      }
+      const W h = dp(k) - dpref;
+      near += h * W(other + own_dx);
+    }
+    d += -near + p_other * e_near;
+  }
+  return d;
+}
 
 template <class T, bool Continuum>
 void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t hk, double scale,
@@ -879,6 +1068,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
   const index_t ldk = a.key.stride_seq, ldv = a.value.stride_seq;
   const index_t lds = ws.s.cols();
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  using W = MeasureType<T>;
 
   // Per-row setup: ranges and scales.
   for (index_t gq = 0; gq < group; ++gq) {
@@ -893,11 +1083,11 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     ri.dpref.assign(Lq, T(0));
     ri.delta.assign(Lq, T(0));
     ri.dsref.assign(Lq, T(0));
-    for (auto* v : {&ri.z, &ri.a_ref, &ri.a_other, &ri.e_far, &ri.e_near, &ri.dts}) v->assign(Lq, 0.0);
+    for (auto* v : {&ri.z, &ri.a_ref, &ri.a_other, &ri.e_far, &ri.e_near, &ri.dts}) v->assign(Lq, W(0));
     for (index_t i = 0; i < Lq; ++i) {
       ri.range[i] = row_range(a.visibility, b, i, Lq, Lk);
       ri.tau[i] = temperature_of(a.temperature, b, h, i, Hq, Lq);
-      ri.c[i] = T(scale / double(ri.tau[i]));
+      ri.c[i] = T(MeasureType<T>(scale) / MeasureType<T>(ri.tau[i]));
       if (ri.range[i].hi <= ri.range[i].lo || (ok && ok[(b * Hq + h) * Lq + i] != kTiled))
         ri.range[i] = {0, 0};  // empty (or declined, or not in the subset): no contribution here
     }
@@ -913,8 +1103,8 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
   constexpr index_t kTile = Continuum ? kBc - 2 : kBc;
 
   // Row statistics, recomputed from Q, K, V, dO (the caller's lse and out are
-  // not read), in the reference-key form of the exact backward
-  // (backends/cpu/backward.hpp): with ref_i the row's first visible key at the
+  // not read), in the reference-key form (MATH.md §6, reference_grad_score):
+  // with ref_i the row's first visible key at the
   // maximum, m_i = s_i,ref and h_ij = dP_ij − dP_i,ref (h_ref = 0 exactly),
   //   δ_i = Dl_i − dP_i,ref = Σ_j α̃_ij h_ij / Z̃_i,   g_ij = dP_ij − Dl_i = h_ij − δ_i,
   // so that nothing cancels when attention is concentrated on ref (FlashAttention-2's
@@ -1008,30 +1198,30 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
             // vector loop on each side of ref, then ref and its neighbours.
             const index_t near = Continuum ? 1 : 0;
             const index_t rc = ref - k0;  // ref's column (may lie outside the tile)
-            double zf = 0, ef = 0;
+            W zf = 0, ef = 0;
             auto far = [&](index_t c0, index_t c1) {
 #pragma omp simd reduction(+ : zf, ef)
               for (index_t c = c0; c < c1; ++c) {
                 const index_t cc = c + off;
-                const double al = double(alpha_r ? alpha_l[cc] + alpha_r[cc] : alpha_l[cc]);
+                const W al = W(alpha_r ? alpha_l[cc] + alpha_r[cc] : alpha_l[cc]);
                 zf += al;
-                ef += al * double(dpr[cc] - dpref);
+                ef += al * W(dpr[cc] - dpref);
               }
             };
             far(ov0, std::min(ov1, std::max(ov0, rc - near)));
             far(std::max(ov0, std::min(ov1, rc + near + 1)), ov1);
-            double aref = 0, aoth = zf, en = 0;
+            W aref = 0, aoth = zf, en = 0;
             for (index_t c = std::max(ov0, rc - near); c < std::min(ov1, rc + near + 1); ++c) {
               const index_t cc = c + off;
-              const double al = double(alpha_r ? alpha_l[cc] + alpha_r[cc] : alpha_l[cc]);
+              const W al = W(alpha_r ? alpha_l[cc] + alpha_r[cc] : alpha_l[cc]);
               if (c == rc) {
                 aref += al;
               } else {
                 aoth += al;
-                en += al * double(dpr[cc] - dpref);
+                en += al * W(dpr[cc] - dpref);
               }
             }
-            const double z = aoth + aref;
+            const W z = aoth + aref;
             ri.z[i] += z;
             ri.a_ref[i] += aref;
             ri.a_other[i] += aoth;
@@ -1044,29 +1234,31 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
   }
   {
     using Stencil = std::conditional_t<Continuum, ContinuumStencil, SoftmaxStencil>;
-    const AttentionShape sh{a.query.batch, Hq, a.key.heads, Lq, Lk, D, Dv};
-    std::vector<double> qd(static_cast<std::size_t>(D));
     for (index_t gq = 0; gq < group; ++gq) {
       const index_t h = hk * group + gq;
       RowInfo<T>& ri = rows[gq];
       for (index_t i = 0; i < Lq; ++i) {
         const RowRange rg = ri.range[i];
         if (rg.hi <= rg.lo) continue;
-        const double z = ri.z[i];
+        const W z = ri.z[i];
         if (!(z > 0)) {
           ri.range[i] = {0, 0};
           continue;
         }
-        ri.inv_l[i] = T(1.0 / z);
+        ri.inv_l[i] = T(W(1) / z);
         ri.delta[i] = T((ri.e_far[i] + ri.e_near[i]) / z);
+        // Raw scores and dP in W from the stored data (not the scaled tile),
+        // shifted by the raw score of ref: s_k − s_ref = c·(r_k − r_ref).
         const T* qi = a.query.row(b, h, i);
-        for (index_t d = 0; d < D; ++d) qd[std::size_t(d)] = double(qi[d]);
+        const T* go = a.grad_out.row(b, h, i);
         const index_t ref = ri.ref[i];
-        const double mraw = raw_dot(qd.data(), a.key.row(b, hk, ref), D);
-        const double dpref = raw_dot(a.grad_out.row(b, h, i), a.value.row(b, hk, ref), Dv);
-        const double zds = reference_grad_score<T, Stencil>(
-            a, sh, b, h, i, KeyRange{rg.lo, rg.hi}, ref, scale / double(ri.tau[i]), qd.data(), 0, mraw, dpref,
-            ri.a_ref[i], ri.a_other[i], z, ri.e_far[i], ri.e_near[i]);
+        const W cw = W(scale) / W(ri.tau[i]);
+        const W mraw = wide_dot<W>(qi, a.key.row(b, hk, ref), D);
+        const W dpref = wide_dot<W>(go, a.value.row(b, hk, ref), Dv);
+        const auto score = [&](index_t j) { return cw * (wide_dot<W>(qi, a.key.row(b, hk, j), D) - mraw); };
+        const auto dp = [&](index_t j) { return wide_dot<W>(go, a.value.row(b, hk, j), Dv); };
+        const W zds = reference_grad_score<Stencil>(KeyRange{rg.lo, rg.hi}, ref, score, dp, dpref, ri.a_ref[i],
+                                                    ri.a_other[i], z, ri.e_far[i], ri.e_near[i]);
         ri.dsref[i] = T(zds / z);
       }
     }
@@ -1132,7 +1324,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
             e[c] *= inv_l;
             g[c] = (dpr[c] - dpref) - delta;  // h − δ: exact 0 − δ at ref
           }
-          double dts = 0;
+          W dts = 0;
           if constexpr (Continuum) {
             T* ax = ws.ax.data();  // weight a knot gets from its right-hand segment
             T* ay = ws.ay.data();  // … from its left-hand segment
@@ -1157,14 +1349,14 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
               const index_t cc = c + off;
               pr[c] = ax[cc] + ay[cc];
               dsr[c] = dx[cc] + dy[cc];
-              dts += double(dsr[c]) * double(sr[cc] - m);  // Σ dS = 0: shift-free
+              dts += W(dsr[c]) * W(sr[cc] - m);  // Σ dS = 0: shift-free
             }
           } else {
 #pragma omp simd reduction(+ : dts)
             for (index_t c = ov0; c < ov1; ++c) {
               pr[c] = e[c];
               dsr[c] = e[c] * g[c];
-              dts += double(dsr[c]) * double(sr[c] - m);
+              dts += W(dsr[c]) * W(sr[c] - m);
             }
           }
           // dS at ref in its cancellation-free form (the stencil's value there
@@ -1267,7 +1459,8 @@ std::vector<double> backward_run(const BackwardArgs<T>& a, const char* ok, doubl
         for (index_t gq = 0; gq < group; ++gq) {
           const index_t h = hk * group + gq;
           for (index_t i = 0; i < Lq; ++i)
-            dtau_rows[std::size_t((b * Hq + h) * Lq + i)] = -rows[gq].dts[i] / double(rows[gq].tau[i]);
+            dtau_rows[std::size_t((b * Hq + h) * Lq + i)] =
+                double(-rows[gq].dts[i] / MeasureType<T>(rows[gq].tau[i]));
         }
     }
   }
@@ -1296,7 +1489,10 @@ std::vector<double> backward_tiled(const BackwardArgs<T>& a, double scale, const
     dtau_rows = backward_run<T, Continuum>(a, okp, scale, threads, group);
   else if (a.grad_temperature)
     dtau_rows.assign(std::size_t(B * Hq * Lq), 0.0);
-  if (rejected > 0) declined(rows_in_state(ok, kDeclined), dtau_rows);
+  if (rejected > 0) {
+    declined(rows_in_state(ok, kDeclined), dtau_rows);
+    write_nonfinite_rows(a, ok, dtau_rows);
+  }
   return dtau_rows;
 }
 

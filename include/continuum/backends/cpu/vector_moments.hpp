@@ -39,6 +39,7 @@
 // Taylor on |r| ≤ ln2/2 for double). NaN is not propagated (callers mask).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -127,12 +128,30 @@ struct VectorMath<double> {
   static constexpr double kappa[15] = {0.103638323514326964787, -0.0466738528858655384985, 0.0130463087003368791430, -0.00275569095774095402564, 0.000473689609267769796969, -0.0000689806353935694952355, 0.00000873303123624807418434, -0.000000978986341545705998168, 0.0000000985303311352675885333, -0.00000000900048650396064986604, 0.000000000752812344596557840484, -0.0000000000580704719881172024671, 0.00000000000415756614138229979668, -0.000000000000281576622317056923020, 0.0000000000000175984970773871063186};
 };
 
-/// Horner evaluation of c[0] + c[1] t + … + c[N-1] t^{N-1}.
-template <class T, int N>
-inline T horner(const T (&c)[N], T t) {
-  T p = c[N - 1];
+/// long double: the widened compute type of the rows double cannot hold
+/// (raw scores beyond DBL_MAX, MATH.md §10), scalar only. The interpolants are
+/// double's (their error, ~1e-18 of each function, is far below what the
+/// double outputs these rows are rounded to can show); exp is the library's,
+/// with the same flush below the normal range.
+template <>
+struct VectorMath<long double> {
+  static inline long double exp_clamped(long double x) {
+    return x < -11355.0L ? 0.0L : std::exp(x);  // LDBL_MIN = e^{-11355.1}
+  }
+  static constexpr int kDeg = VectorMath<double>::kDeg;
+  static constexpr const double (&nu)[15] = VectorMath<double>::nu;
+  static constexpr const double (&mu1)[15] = VectorMath<double>::mu1;
+  static constexpr const double (&nu2)[15] = VectorMath<double>::nu2;
+  static constexpr const double (&mu2)[15] = VectorMath<double>::mu2;
+  static constexpr const double (&kappa)[15] = VectorMath<double>::kappa;
+};
+
+/// Horner evaluation of c[0] + c[1] t + … + c[N-1] t^{N-1}, in T.
+template <class T, class C, int N>
+inline T horner(const C (&c)[N], T t) {
+  T p = T(c[N - 1]);
 #pragma GCC unroll 16
-  for (int k = N - 2; k >= 0; --k) p = p * t + c[k];
+  for (int k = N - 2; k >= 0; --k) p = p * t + T(c[k]);
   return p;
 }
 

@@ -24,7 +24,7 @@
 // (tiny τ, bug case W12) Dl_i ≈ dP_i,ref, so dP_ij − Dl_i cancels to O(τ) at
 // the reference key, and the o read back is rounded to the storage type: its
 // error ε·|dO||o| swamps dS ~ τ² (W12, float, τ = 1e-3: dQ off by 44 times
-// its size). Instead, as the CPU backend does (cpu/backward.hpp), Dl = Σ_j P_ij
+// its size). Instead, as the CPU backend does (cpu/tiled.hpp), Dl = Σ_j P_ij
 // dP_ij (MATH.md §6) is taken relative to the reference key, so
 // neither the forward's o nor its lse is read. With t = s − m (the stencil is
 // homogeneous: α(s)/Z = α(t)/Z̃), for j ≠ ref
