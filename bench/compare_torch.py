@@ -40,7 +40,32 @@ DEBIAN_PYTHON = "/usr/bin/python3"
 # ---------------------------------------------------------------------------
 # Worker: one case in this interpreter.
 # ---------------------------------------------------------------------------
+def decode_worker(args):
+    """SDPA's KV-cache decode step: one query row per head, 8 query heads on 2
+    KV heads (enable_gqa=True), args.decode cached keys; medians of 50."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(args.decode)
+    q = torch.randn(1, 8, 1, args.d, generator=g)
+    k = torch.randn(1, 2, args.decode, args.d, generator=g)
+    v = torch.randn(1, 2, args.decode, args.d, generator=g)
+    times = []
+    with torch.no_grad():
+        for i in range(55):
+            t0 = time.perf_counter()
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            if i >= 5:
+                times.append(time.perf_counter() - t0)
+    print(json.dumps({"impl": "sdpa-decode", "torch": torch.__version__, "threads": torch.get_num_threads(),
+                      "kv": args.decode, "d": args.d, "median_ms": statistics.median(times) * 1e3,
+                      "min_ms": min(times) * 1e3, "reps": len(times)}))
+
+
 def worker(args):
+    if args.decode:
+        return decode_worker(args)
     import torch
 
     torch.set_num_threads(args.threads)
@@ -121,10 +146,10 @@ def ensure_debian_torch(install):
     return DEBIAN_PYTHON if ok else None
 
 
-def run_case(python, impl, causal, bwd, a):
+def run_case(python, impl, causal, bwd, a, decode=0):
     cmd = [python, os.path.abspath(__file__), "--worker", "--impl", impl, "--causal", str(int(causal)),
            "--bwd", str(int(bwd)), "--n", str(a.n), "--d", str(a.d), "--heads", str(a.heads),
-           "--reps", str(a.reps), "--threads", str(a.threads), "--dtype", a.dtype]
+           "--reps", str(a.reps), "--threads", str(a.threads), "--dtype", a.dtype, "--decode", str(decode)]
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
@@ -165,6 +190,7 @@ def main():
     p.add_argument("--impl", choices=["sdpa", "naive"], default="sdpa", help=argparse.SUPPRESS)
     p.add_argument("--causal", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--bwd", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--decode", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--ours", help="Google Benchmark JSON of bench_attention")
     p.add_argument("--out", help="write all figures as JSON here (atomically)")
     p.add_argument("--venv", default=os.path.join(REPO, ".venv-bench"), help="virtual env for PyTorch 2.x")
@@ -214,6 +240,17 @@ def main():
                 else:
                     results.append(r)
 
+    decode_results = []
+    if pythons["sdpa"] is not None and a.dtype == "f32":
+        for kv in (4096, 32768):
+            r = run_case(pythons["sdpa"], "sdpa", False, False, a, decode=kv)
+            if r is None:
+                status = 1
+            else:
+                decode_results.append(r)
+                print(f"decode step, {kv} cached keys, 8 query heads on 2 KV heads: SDPA {r['median_ms'] * 1e3:.1f} us "
+                      f"(medians of {r['reps']}, threads {r['threads']})")
+
     ours_type = a.ours_type or a.dtype
     ours = read_ours(a.ours, a.n, a.d, a.threads, ours_type) if a.ours else {}
     print(f"shape: batch 1, heads {a.heads}, seq {a.n}, head_dim {a.d}, {a.dtype}, {a.threads} threads; "
@@ -238,7 +275,7 @@ def main():
         tmp = a.out + ".tmp"
         with open(tmp, "w") as f:
             json.dump({"shape": {"batch": 1, "heads": a.heads, "n": a.n, "d": a.d, "dtype": a.dtype},
-                       "threads": a.threads, "results": results}, f, indent=1)
+                       "threads": a.threads, "results": results, "decode": decode_results}, f, indent=1)
         os.replace(tmp, a.out)
     return status
 
