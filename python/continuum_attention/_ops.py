@@ -245,11 +245,16 @@ def attention(
         DDP; FSDP should need nothing more but was not tested here. Differentiable once (the
         backward itself has no gradient: no create_graph / double backward).
         Cost O(B·Hq·Lq·Lk·(D + Dv)); memory O(B·Hq·Lq) besides the output.
+        On the CPU a query row that sees a NaN or an Inf (in its query, its
+        grad_out, or a visible key or value) gets NaN in its output, lse and
+        gradients, and NaN in the key/value gradients of the keys it sees;
+        nothing else changes (docs/MATH.md §10).
 
         Speed and accuracy of ``compute`` for float32 storage, measured
         2026-12-01 21:20 UTC on the project's 2-core AMD EPYC (Zen 3), idle,
-        this package's build (-O2, no -march; the AVX2 kernels chosen at run
-        time, cpu_isa()), B=16, H=4, L=192, D=32, causal, τ = 0.25, medians of
+        this package's build (then -O2, no -march; since 2 Dec 2026 the
+        kernels are compiled with -O3; the AVX2 kernels chosen at run time,
+        cpu_isa()), B=16, H=4, L=192, D=32, causal, τ = 0.25, medians of
         9, 2 threads (bench/compute_modes.py); errors are max|err| / max|ref|
         against a float64 run on the same float32 inputs::
 
