@@ -622,7 +622,8 @@ bool no_nan(const std::vector<T>& v) {
 }
 template <class T>
 bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+  // (memcmp must not see the null data() of an empty vector, even for 0 bytes)
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
 /// L = Σ dO∘O of the operator's forward on c (double): the loss whose

@@ -248,10 +248,10 @@ Row<R> forward_row(const Problem<R>& p, index_t b, index_t h, index_t i) {
   }
   const index_t g = p.kv_head(h);
   r.c = p.scale / p.temperature[p.temperature_index(b, h, i)];
-  const R* q = &p.query[p.q_index(b, h, i)];
+  const R* q = p.query.data() + p.q_index(b, h, i);
   r.score.resize(static_cast<std::size_t>(n));
   for (index_t j = 0; j < n; ++j) {
-    const R* k = &p.key[p.k_index(b, g, r.lo + j)];
+    const R* k = p.key.data() + p.k_index(b, g, r.lo + j);
     R dot = R(0);
     for (index_t d = 0; d < p.dim; ++d) dot += q[d] * k[d];
     r.score[static_cast<std::size_t>(j)] = r.c * dot;
@@ -289,7 +289,7 @@ Row<R> forward_row(const Problem<R>& p, index_t b, index_t h, index_t i) {
     r.cell[j] = r.cell[j] / zc;
   }
   for (index_t j = 0; j < n; ++j) {
-    const R* v = &p.value[p.v_index(b, g, r.lo + j)];
+    const R* v = p.value.data() + p.v_index(b, g, r.lo + j);
     for (index_t d = 0; d < p.dim_v; ++d)
       r.out[static_cast<std::size_t>(d)] += r.prob[static_cast<std::size_t>(j)] * v[d];
   }
@@ -347,7 +347,7 @@ std::vector<R> grad_scores(const Problem<R>& p, const Row<R>& r, const R* dout, 
   std::vector<R> dalpha(ds.size()), x(ds.size());
   for (index_t j = 0; j < n; ++j) {
     const std::size_t u = static_cast<std::size_t>(j);
-    const R* v = &p.value[p.v_index(b, g, r.lo + j)];
+    const R* v = p.value.data() + p.v_index(b, g, r.lo + j);
     R dp = R(0);
     for (index_t d = 0; d < p.dim_v; ++d) dp += dout[d] * v[d];
     dalpha[u] = (dp - dl) / r.z;
@@ -394,21 +394,21 @@ BackwardResult<R> backward(const Problem<R>& p, const std::vector<R>& grad_out) 
         const index_t n = r.hi - r.lo;
         if (n <= 0) continue;
         const std::size_t ri = p.row_index(b, h, i);
-        const R* dout = &grad_out[ri * static_cast<std::size_t>(p.dim_v)];
+        const R* dout = grad_out.data() + ri * static_cast<std::size_t>(p.dim_v);  // (data() + 0 when Dv = 0)
         const std::vector<R> ds = grad_scores(p, r, dout, b, h);
         const index_t kvh = p.kv_head(h);
         const std::size_t ti = p.temperature_index(b, h, i);
         const R tau = p.temperature[ti];
-        R* dq = &g.grad_query[p.q_index(b, h, i)];
-        const R* q = &p.query[p.q_index(b, h, i)];
+        R* dq = g.grad_query.data() + p.q_index(b, h, i);
+        const R* q = p.query.data() + p.q_index(b, h, i);
         R dtau = R(0);
         for (index_t j = 0; j < n; ++j) {
           const std::size_t u = static_cast<std::size_t>(j);
           g.grad_scores[ri * static_cast<std::size_t>(p.len_k) + static_cast<std::size_t>(r.lo + j)] =
               ds[u];
-          const R* k = &p.key[p.k_index(b, kvh, r.lo + j)];
-          R* dk = &g.grad_key[p.k_index(b, kvh, r.lo + j)];
-          R* dv = &g.grad_value[p.v_index(b, kvh, r.lo + j)];
+          const R* k = p.key.data() + p.k_index(b, kvh, r.lo + j);
+          R* dk = g.grad_key.data() + p.k_index(b, kvh, r.lo + j);
+          R* dv = g.grad_value.data() + p.v_index(b, kvh, r.lo + j);
           for (index_t d = 0; d < p.dim; ++d) {
             dq[d] += r.c * ds[u] * k[d];
             dk[d] += r.c * ds[u] * q[d];
