@@ -311,7 +311,7 @@ using MeasureType = std::conditional_t<(sizeof(T) > sizeof(double)), T, double>;
 template <class T>
 inline constexpr MeasureType<T> kValueBound = sizeof(T) == sizeof(float)    ? 1e30
                                              : sizeof(T) == sizeof(double) ? 1e290
-                                                                           : MeasureType<T>(1e4900L);
+                                                                           : std::numeric_limits<T>::max() / 65536;
 
 /// Largest score c_i ‖q_i‖ ‖k_j‖ the kernels in T take. In float and double
 /// 4096: beyond it float scores carry absolute errors ≳ 2.4e-4 (ε_float · |s|),
@@ -319,7 +319,8 @@ inline constexpr MeasureType<T> kValueBound = sizeof(T) == sizeof(float)    ? 1e
 /// long double, whose range holds every product of doubles. Long double takes
 /// every finite score.
 template <class T>
-inline constexpr MeasureType<T> kMaxScore = sizeof(T) <= sizeof(double) ? 4096.0 : MeasureType<T>(1e4900L);
+inline constexpr MeasureType<T> kMaxScore =
+    sizeof(T) <= sizeof(double) ? 4096.0 : std::numeric_limits<MeasureType<T>>::max() / 65536;
 
 /// The type row_eligibility measures T's data in: T itself for float (a
 /// squared norm that overflows float only declines the row to double, which
