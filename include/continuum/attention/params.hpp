@@ -79,6 +79,29 @@ struct Temperature {
   const T* data = nullptr;     ///< used otherwise
 };
 
+/// Index of query i of (batch b, query head h) in a per-head [heads] or
+/// per-query [batch, heads, seq] temperature (0 for a scalar one): the one
+/// lookup rule of every backend (MATH.md §8).
+CONTINUUM_HOST_DEVICE inline index_t temperature_index(TemperatureShape shape, index_t b, index_t h, index_t i,
+                                                       index_t heads, index_t seq) {
+  return shape == TemperatureShape::per_head    ? h
+         : shape == TemperatureShape::per_query ? (b * heads + h) * seq + i
+                                                : 0;
+}
+
+/// τ of query i of (batch b, query head h): `value` for a scalar
+/// temperature, else data[temperature_index(…)].
+template <class T>
+CONTINUUM_HOST_DEVICE inline T temperature_at(TemperatureShape shape, T value, const T* data, index_t b, index_t h,
+                                              index_t i, index_t heads, index_t seq) {
+  return shape == TemperatureShape::scalar ? value : data[temperature_index(shape, b, h, i, heads, seq)];
+}
+template <class T>
+CONTINUUM_HOST_DEVICE inline T temperature_at(const Temperature<T>& t, index_t b, index_t h, index_t i,
+                                              index_t heads, index_t seq) {
+  return temperature_at(t.shape, t.value, t.data, b, h, i, heads, seq);
+}
+
 /// The arithmetic the CPU kernels compute in (docs/MATH.md §10,
 /// docs/PERFORMANCE.md). One tiled kernel family serves every choice; only
 /// the type it computes in changes.

@@ -45,10 +45,10 @@ inline std::vector<char> subset_of(const std::vector<index_t>& rows, index_t n) 
       "double storage) need a long double wider than double, which this platform lacks");
 }
 
-template <class T, bool Continuum>
+template <class T, class Stencil>
 void forward_declined(const ForwardArgs<T>& a, const AttentionShape& sh, double scale,
                       const std::vector<index_t>& rows);
-template <class T, bool Continuum>
+template <class T, class Stencil>
 void backward_declined(const BackwardArgs<T>& a, const AttentionShape& sh, double scale,
                        const std::vector<index_t>& rows, std::vector<double>& dtau_rows);
 
@@ -56,14 +56,14 @@ void backward_declined(const BackwardArgs<T>& a, const AttentionShape& sh, doubl
 /// W: the arguments converted once, the tiled kernels in W on those rows (the
 /// rows W cannot hold go on to forward_declined), their outputs rounded once
 /// into the caller's arguments.
-template <class W, bool Continuum, class T>
+template <class W, class Stencil, class T>
 void forward_widened(const ForwardArgs<T>& a, const AttentionShape& sh, double scale,
                      const std::vector<index_t>* rows) {
   const WideForward<W, T> w(a, sh);
   const std::vector<char> subset = rows ? subset_of(*rows, sh.rows()) : std::vector<char>();
-  tiled::forward_tiled<W, Continuum>(w.args, scale, rows ? subset.data() : nullptr,
+  tiled::forward_tiled<W, Stencil>(w.args, scale, rows ? subset.data() : nullptr,
                                      [&](const std::vector<index_t>& declined) {
-                                       forward_declined<W, Continuum>(w.args, sh, scale, declined);
+                                       forward_declined<W, Stencil>(w.args, sh, scale, declined);
                                      });
   if (rows)
     for (index_t r : *rows) w.narrow(a, r);
@@ -74,15 +74,15 @@ void forward_widened(const ForwardArgs<T>& a, const AttentionShape& sh, double s
 /// The backward counterpart. With `rows` (rows declined by the pass in T):
 /// writes their dQ, adds their dK, dV terms to that pass's and sets their
 /// entries of dtau_rows. Without: the whole call, every output written.
-template <class W, bool Continuum, class T>
+template <class W, class Stencil, class T>
 void backward_widened(const BackwardArgs<T>& a, const AttentionShape& sh, double scale,
                       const std::vector<index_t>* rows, std::vector<double>& dtau_rows) {
   const WideBackward<W, T> w(a, sh);
   const std::vector<char> subset = rows ? subset_of(*rows, sh.rows()) : std::vector<char>();
-  const std::vector<double> dtau = tiled::backward_tiled<W, Continuum>(
+  const std::vector<double> dtau = tiled::backward_tiled<W, Stencil>(
       w.args, scale, rows ? subset.data() : nullptr,
       [&](const std::vector<index_t>& declined, std::vector<double>& dt) {
-        backward_declined<W, Continuum>(w.args, sh, scale, declined, dt);
+        backward_declined<W, Stencil>(w.args, sh, scale, declined, dt);
       });
   auto each_element = [](const TensorView<T>& v, const TensorView<W>& wv, auto&& f) {
     if (v.data == nullptr || wv.data == nullptr) return;
@@ -112,21 +112,21 @@ void backward_widened(const BackwardArgs<T>& a, const AttentionShape& sh, double
 }
 
 /// The rows the kernels in T declined, in the next wider type (wider_t<T>).
-template <class T, bool Continuum>
+template <class T, class Stencil>
 void forward_declined(const ForwardArgs<T>& a, const AttentionShape& sh, double scale,
                       const std::vector<index_t>& rows) {
   if constexpr (std::is_void<wider_t<T>>::value)
     no_wider_type();
   else
-    forward_widened<wider_t<T>, Continuum>(a, sh, scale, &rows);
+    forward_widened<wider_t<T>, Stencil>(a, sh, scale, &rows);
 }
-template <class T, bool Continuum>
+template <class T, class Stencil>
 void backward_declined(const BackwardArgs<T>& a, const AttentionShape& sh, double scale,
                        const std::vector<index_t>& rows, std::vector<double>& dtau_rows) {
   if constexpr (std::is_void<wider_t<T>>::value)
     no_wider_type();
   else
-    backward_widened<wider_t<T>, Continuum>(a, sh, scale, &rows, dtau_rows);
+    backward_widened<wider_t<T>, Stencil>(a, sh, scale, &rows, dtau_rows);
 }
 
 /// The CPU forward of one validated call (attention_impl<cpu_t>::forward),
@@ -135,14 +135,13 @@ template <class T, class Stencil>
 void run_forward(const ForwardArgs<T>& args, const AttentionShape& shape, double scale) {
   static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
                 "continuum CPU backend: T must be float or double");
-  constexpr bool kContinuum = std::is_same<Stencil, ContinuumStencil>::value;
   if constexpr (std::is_same<T, float>::value)
     if (args.compute == Compute::float64) {
-      forward_widened<double, kContinuum>(args, shape, scale, nullptr);
+      forward_widened<double, Stencil>(args, shape, scale, nullptr);
       return;
     }
-  tiled::forward_tiled<T, kContinuum>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
-    forward_declined<T, kContinuum>(args, shape, scale, rows);
+  tiled::forward_tiled<T, Stencil>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
+    forward_declined<T, Stencil>(args, shape, scale, rows);
   });
 }
 
@@ -151,18 +150,17 @@ template <class T, class Stencil>
 void run_backward(const BackwardArgs<T>& args, const AttentionShape& shape, double scale) {
   static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
                 "continuum CPU backend: T must be float or double");
-  constexpr bool kContinuum = std::is_same<Stencil, ContinuumStencil>::value;
   std::vector<double> dtau_rows;
   bool done = false;
   if constexpr (std::is_same<T, float>::value)
     if (args.compute == Compute::float64) {
-      backward_widened<double, kContinuum>(args, shape, scale, nullptr, dtau_rows);
+      backward_widened<double, Stencil>(args, shape, scale, nullptr, dtau_rows);
       done = true;
     }
   if (!done)
-    dtau_rows = tiled::backward_tiled<T, kContinuum>(
+    dtau_rows = tiled::backward_tiled<T, Stencil>(
         args, scale, nullptr, [&](const std::vector<index_t>& rows, std::vector<double>& dt) {
-          backward_declined<T, kContinuum>(args, shape, scale, rows, dt);
+          backward_declined<T, Stencil>(args, shape, scale, rows, dt);
         });
   if (args.grad_temperature) tiled::write_grad_temperature(args, dtau_rows);
 }

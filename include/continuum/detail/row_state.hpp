@@ -1,7 +1,8 @@
 // detail/row_state.hpp — per-row numerics shared by the CPU and CUDA
 // backends: the compute type, shifted scores, the stencil with the underflow
-// flush, and the online row maximum (FlashAttention-2's running max, MATH.md §5
-// "Numerical form of the forward").
+// flush, the online row maximum (FlashAttention-2's running max, MATH.md §5
+// "Numerical form of the forward"), the score gradient at the reference key
+// (MATH.md §6) and the order of dτ's reduction (MATH.md §8, §10).
 //
 // Conventions (both backends):
 //  * raw scores r_ij = q_i · k_j are formed in compute_t<T> (double for float
@@ -253,23 +254,112 @@ CONTINUUM_HOST_DEVICE inline void row_stencil(index_t lo, index_t hi, index_t ja
   }
 }
 
-/// Online row state: running raw maximum m and Σ α̃ relative to e^{c·m}.
+/// One step of the online row maximum (FlashAttention-2's running max,
+/// MATH.md §5), the same on every backend: raises the row maximum m to
+/// tile_max (both in the units the weights are taken in) when that is larger,
+/// and returns the factor e^{m_old − m_new} by which everything the row has
+/// accumulated relative to e^{m_old} (Σ α e^{−m}, the P·V sums) must be
+/// multiplied: 1 when m is unchanged, 0 when nothing was accumulated yet
+/// (m = −∞). A NaN tile maximum leaves m as it is (a NaN reaches the output
+/// through the weights instead).
 template <class C>
-struct OnlineRow {
-  C m = -__builtin_huge_val();
-  C sum = C(0);
-  /// Raise the maximum to tile_max (raw units) if larger; returns the factor
-  /// by which accumulators relative to the old maximum must be multiplied (1
-  /// when unchanged, 0 when nothing was accumulated yet). NaN is ignored here
-  /// (it reaches the output through the weights instead).
-  CONTINUUM_HOST_DEVICE C raise(C tile_max, C c) {
-    if (!(tile_max > m)) return C(1);
-    const C f = (m == -__builtin_huge_val()) ? C(0) : math::exp(c * (m - tile_max));
-    m = tile_max;
-    sum *= f;
-    return f;
+CONTINUUM_HOST_DEVICE inline C raise_row_max(C& m, C tile_max) {
+  if (!(tile_max > m)) return C(1);
+  const C f = m == C(-__builtin_huge_val()) ? C(0) : math::exp(m - tile_max);
+  m = tile_max;
+  return f;
+}
+
+/// Z̃·dS at the reference key `ref` of a row (its first visible key at the
+/// maximum) in the form without cancellation (MATH.md §6), the same on every
+/// backend:
+///   Z̃·dS_ref = −P_ref·E_far − Σ_{k=ref±1} h_k (α̃_k − ∂α̃_k/∂s_ref)
+///              + (1 − P_ref)·E_near,
+/// with h_k = dP_k − dP_ref, E_far = Σ_{|k−ref|>1} h_k α̃_k, E_near =
+/// Σ_{k=ref±1} h_k α̃_k, P_ref = α̃_ref / Z̃ and 1 − P_ref = Σ_{k≠ref} α̃_k / Z̃
+/// (the sums come from the caller's sweep over the row). The near terms are
+/// evaluated here: score(k) is s_k − s_ref (so s_ref = 0) and dp(k) is dP_k,
+/// for the keys ref−2 … ref+2 inside the row's visible range [lo, hi);
+/// α̃_k − ∂α̃_k/∂s_ref = (k's weight from its other side) + ∂w(s_k, s_ref)/∂s_k
+/// is a sum of positive terms. Softmax has no near terms. W is the type the
+/// sums are in; the stencil is evaluated in double.
+template <class Stencil, class W, class Score, class DotP>
+CONTINUUM_HOST_DEVICE inline W reference_grad_score(index_t lo, index_t hi, index_t ref, Score score, DotP dp,
+                                                    W dpref, W alpha_ref, W alpha_other, W sum, W e_far,
+                                                    W e_near) {
+  using S = SegmentStencil<Stencil>;
+  const W p_ref = alpha_ref / sum, p_other = alpha_other / sum;
+  W d = -p_ref * e_far;
+  if constexpr (S::has_halo) {
+    W near = W(0);
+    for (int side = -1; side <= 1; side += 2) {
+      const index_t k = ref + side;
+      if (k < lo || k >= hi) continue;
+      const double sk = double(score(k));
+      double d_left, d_right, cp, own_dx;
+      if (side < 0) {
+        S::derivatives(sk, 0.0, &d_left, &d_right, &cp);
+        own_dx = d_left;
+      } else {
+        S::derivatives(0.0, sk, &d_left, &d_right, &cp);
+        own_dx = d_right;
+      }
+      const index_t o = k + side;  // k's other neighbour
+      double other;
+      if (o >= lo && o < hi) {
+        double wl, wr;
+        if (side < 0) {
+          S::weights(double(score(o)), sk, &wl, &wr);
+          other = wr;
+        } else {
+          S::weights(sk, double(score(o)), &wl, &wr);
+          other = wl;
+        }
+      } else {
+        other = S::half_cell(sk);
+      }
+      const W h = dp(k) - dpref;
+      near += h * W(other + own_dx);
+    }
+    d += -near + p_other * e_near;
+  }
+  return d;
+}
+
+/// The fixed order of dτ's reduction (MATH.md §8, §10), the same on every
+/// backend. A per-head temperature has one output per query head, a scalar
+/// one; a per-query temperature needs no reduction. Output `out` sums the
+/// per-row terms −(1/τ_i) Σ_j dS_ij s̃_ij of the rows row(out, e), e = 0 …
+/// terms() − 1 (batch-major, then query), over kLanes lanes: term e goes into
+/// lane e mod kLanes in ascending e, then the lanes are added by a binary
+/// tree (lane l += lane l + half for half = kLanes/2 … 1). The CUDA kernel
+/// runs one lane per thread (a block of kLanes threads), the CPU the lanes in
+/// turn (fixed_order_sum).
+struct GradTemperatureOrder {
+  static constexpr int kLanes = 256;
+  TemperatureShape shape;
+  index_t batch, heads, seq;
+  CONTINUUM_HOST_DEVICE index_t outputs() const { return shape == TemperatureShape::per_head ? heads : 1; }
+  CONTINUUM_HOST_DEVICE index_t terms() const {
+    return shape == TemperatureShape::per_head ? batch * seq : batch * heads * seq;
+  }
+  /// Row id (b·heads + h)·seq + i of term e of output out.
+  CONTINUUM_HOST_DEVICE index_t row(index_t out, index_t e) const {
+    return shape == TemperatureShape::per_head ? ((e / seq) * heads + out) * seq + e % seq : e;
   }
 };
+
+/// Output `out` of that order on the host: term(row) summed in A.
+template <class A, class Term>
+inline A fixed_order_sum(const GradTemperatureOrder& order, index_t out, Term term) {
+  constexpr int L = GradTemperatureOrder::kLanes;
+  A lane[L] = {};
+  const index_t n = order.terms();
+  for (index_t e = 0; e < n; ++e) lane[e % L] += term(order.row(out, e));
+  for (int half = L / 2; half > 0; half /= 2)
+    for (int l = 0; l < half; ++l) lane[l] += lane[l + half];
+  return lane[0];
+}
 
 }  // namespace detail
 }  // namespace continuum

@@ -2,7 +2,8 @@
 // the forward and backward of continuum, softmax and focal attention: the one
 // kernel family of the CPU backend, templated on the compute type T (float,
 // double, and long double for the rows double cannot hold; backends/cpu.hpp)
-// and on the stencil (Continuum = true: the three-point stencil; false: e^s).
+// and on the stencil policy (math/density.hpp: ContinuumStencil, the
+// three-point stencil; SoftmaxStencil, e^s, for softmax and focal).
 //
 // Forward (MATH.md §4–§5, "numerical form"): one task per (batch, query head,
 // block of kBr query rows), tasks spread over OpenMP threads (dynamic schedule,
@@ -252,17 +253,6 @@ inline RowRange row_range(const Visibility& v, index_t b, index_t i, index_t Lq,
   return {k.lo, k.hi};
 }
 
-/// Temperature τ of query i of head h, batch b (MATH.md §8 shapes).
-template <class T>
-inline T temperature_of(const Temperature<T>& t, index_t b, index_t h, index_t i, index_t H, index_t Lq) {
-  switch (t.shape) {
-    case TemperatureShape::scalar: return t.value;
-    case TemperatureShape::per_head: return t.data[h];
-    case TemperatureShape::per_query: return t.data[(b * H + h) * Lq + i];
-  }
-  return t.value;
-}
-
 inline int resolve_threads(int requested) {
 #if defined(_OPENMP)
   if (omp_in_parallel()) return 1;  // never nest
@@ -434,7 +424,7 @@ index_t row_eligibility(const TensorView<const T>& query, const TensorView<const
           if (state == kNotOurs) continue;
           const KeyRange rg = visible_range(vis, b, i, Lq, Lk);
           if (rg.empty()) continue;
-          const A tau = A(temperature_of(temp, b, h, i, Hq, Lq));
+          const A tau = A(temperature_at(temp, b, h, i, Hq, Lq));
           const A c = A(A(scale) / tau);
           A k2, v2, g2 = A(0);
           bool bad, qbad, gbad = false;
@@ -736,7 +726,7 @@ struct ForwardWorkspace {
 /// kernel's own stencil weights taken over the whole visible range at once,
 /// and π_j = the half-token cell mass / Z. qs is the row's query scaled by c,
 /// m and l its final maximum and Σ α e^{-m}.
-template <class T, bool Continuum>
+template <class T, class Stencil>
 void write_maps(const T* qs, const TensorView<const T>& key, index_t b, index_t hk, RowRange rg, T m, T l, T* prow,
                 T* mrow, ForwardWorkspace<T>& ws) {
   const index_t Lk = key.seq, D = key.dim, lo = rg.lo, hi = rg.hi;
@@ -753,14 +743,14 @@ void write_maps(const T* qs, const TensorView<const T>& key, index_t b, index_t 
     for (index_t d = 0; d < D; ++d) acc = madd(qs[d], kj[d], acc);
     sb[j] = acc;
   }
-  if constexpr (Continuum)
+  if constexpr (Stencil::has_halo)
     row_continuum_weights(sb, m, wb, lo, hi, true, true);
   else
     row_exp_sum(sb, m, wb, lo, hi);
   if (prow)
     for (index_t j = lo; j < hi; ++j) prow[j] = wb[j] / l;
   if (mrow) {
-    using F = detail::FlushedStencil<std::conditional_t<Continuum, ContinuumStencil, SoftmaxStencil>, double>;
+    using F = detail::FlushedStencil<Stencil, double>;
     for (index_t j = lo; j < hi; ++j) {
       const bool hl = j - 1 >= lo, hr = j + 1 < hi;
       const double x = double(sb[j] - m), xl = hl ? double(sb[j - 1] - m) : 0.0, xr = hr ? double(sb[j + 1] - m) : 0.0;
@@ -773,10 +763,10 @@ void write_maps(const T* qs, const TensorView<const T>& key, index_t b, index_t 
 /// batch b, which share one KV head (nh = 1, or the whole GQA group when a
 /// task can hold it: a decode step), so that each key tile is packed once for
 /// all of them. Row r is query i0 + r mod (i1 − i0) of head h0 + r div
-/// (i1 − i0). Continuum selects the three-point stencil (true) or softmax's
-/// e^s (false). Each row's operations do not depend on which rows share its
+/// (i1 − i0). Stencil is the stencil policy (ContinuumStencil's three-point
+/// stencil or SoftmaxStencil's e^s). Each row's operations do not depend on which rows share its
 /// task (range_gemm, per-element tile products), so grouping changes no bit.
-template <class T, bool Continuum>
+template <class T, class Stencil>
 void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, index_t i0, index_t i1,
                    double scale, ForwardWorkspace<T>& ws, const char* ok) {
   const index_t Lq = a.query.seq, Lk = a.key.seq, D = a.query.dim, Dv = a.value.dim;
@@ -796,7 +786,7 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
       kmin = std::min(kmin, ws.range[r].lo);
       kmax = std::max(kmax, ws.range[r].hi);
     }
-    const T c = T(MeasureType<T>(scale) / MeasureType<T>(temperature_of(a.temperature, b, h, i, Hq, Lq)));
+    const T c = T(MeasureType<T>(scale) / MeasureType<T>(temperature_at(a.temperature, b, h, i, Hq, Lq)));
     const T* qi = a.query.row(b, h, i);
     T* qs = ws.q.row(r).data();
     for (index_t d = 0; d < D; ++d) qs[d] = c * qi[d];
@@ -854,20 +844,18 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
         const T* sr = ws.s.row(r).data();
         // Tile columns of the visible keys: [cv0, cv1).
         const index_t cv0 = vlo - key0, cv1 = vhi - key0;
-        const T mt = row_max(sr, cv0, cv1);
-        if (mt > ws.m[r]) {
-          const T alpha = ws.m[r] == kNegInf ? T(0) : exp_clamped(ws.m[r] - mt);
-          ws.l[r] *= alpha;
+        const T f = detail::raise_row_max(ws.m[r], row_max(sr, cv0, cv1));
+        if (f != T(1)) {
+          ws.l[r] *= f;
           T* orow = ws.o.row(r).data();
 #pragma omp simd
-          for (index_t d = 0; d < Dv; ++d) orow[d] *= alpha;
-          ws.m[r] = mt;
+          for (index_t d = 0; d < Dv; ++d) orow[d] *= f;
         }
         const T m = ws.m[r];
         // The halo (column cv0 - 1) takes part when that key is visible too.
-        const index_t ce0 = (Continuum && vlo - 1 >= lo) ? cv0 - 1 : cv0;
+        const index_t ce0 = (Stencil::has_halo && vlo - 1 >= lo) ? cv0 - 1 : cv0;
         T lsum;
-        if constexpr (Continuum)
+        if constexpr (Stencil::has_halo)
           lsum = row_continuum_weights(sr, m, wr, ce0, cv1, lo >= k0, hi <= k1);
         else
           lsum = row_exp_sum(sr, m, wr, ce0, cv1);
@@ -896,7 +884,7 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
     if (a.lse) a.lse[(b * Hq + h) * Lq + i] = empty ? kNegInf : ws.m[r] + std::log(ws.l[r]);
     if (a.probs || a.cell_mass) {
       const index_t row = (b * Hq + h) * Lq + i;
-      write_maps<T, Continuum>(ws.q.row(r).data(), a.key, b, hk, ws.range[r], ws.m[r], ws.l[r],
+      write_maps<T, Stencil>(ws.q.row(r).data(), a.key, b, hk, ws.range[r], ws.m[r], ws.l[r],
                                a.probs ? a.probs + row * Lk : nullptr, a.cell_mass ? a.cell_mass + row * Lk : nullptr,
                                ws);
     }
@@ -909,7 +897,7 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
 /// (row_eligibility) are handed to declined(rows), which computes them in the
 /// next wider type (backends/cpu.hpp); rows that see a NaN or an Inf get NaN
 /// outputs (write_nonfinite_rows).
-template <class T, bool Continuum, class Declined>
+template <class T, class Stencil, class Declined>
 void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, Declined&& declined) {
   const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq, D = a.query.dim;
   const index_t Dv = a.value.dim;
@@ -948,7 +936,7 @@ void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, De
           for (index_t i = i0; i < i1 && !any; ++i) any = ok[std::size_t((b * Hq + h) * Lq + i)] == kTiled;
         if (!any) continue;
       }
-      forward_block<T, Continuum>(a, b, h0, nh, i0, i1, scale, ws, subset || rejected ? ok.data() : nullptr);
+      forward_block<T, Stencil>(a, b, h0, nh, i0, i1, scale, ws, subset || rejected ? ok.data() : nullptr);
     }
   }
   if (rejected > 0) {
@@ -1006,59 +994,7 @@ CONTINUUM_NO_FP_CONTRACT_FN inline W wide_dot(const TQ* q, const TK* k, index_t 
   return s;
 }
 
-/// Z̃·dS at the reference key of a row (its first visible key at the maximum),
-/// in a form without cancellation (MATH.md §6):
-///   Z̃·dS_ref = −P_ref·E_far − Σ_{k=ref±1} h_k (α̃_k − ∂α̃_k/∂s_ref)
-///              + (1 − P_ref)·Σ_{k=ref±1} h_k α̃_k,
-/// with h_k = dP_k − dP_ref, E_far = Σ_{|k−ref|>1} h_k α̃_k, P_ref = α̃_ref/Z̃,
-/// 1 − P_ref = Σ_{k≠ref} α̃_k / Z̃. The near terms are evaluated here from the
-/// shifted scores score(k) of keys ref−2 … ref+2 and dp(k) = dP_k:
-/// α̃_k − ∂α̃_k/∂s_ref is the weight of k's other side plus ∂w(s_k, s_ref)/∂s_k,
-/// a sum of positive terms.
-template <class Stencil, class W, class Score, class DotP>
-W reference_grad_score(KeyRange rg, index_t ref, Score score, DotP dp, W dpref, W alpha_ref, W alpha_other, W sum,
-                       W e_far, W e_near) {
-  using S = detail::SegmentStencil<Stencil>;
-  const W p_ref = alpha_ref / sum, p_other = alpha_other / sum;
-  W d = -p_ref * e_far;
-  if constexpr (S::has_halo) {
-    const double s_ref = double(score(ref));
-    W near = W(0);
-    for (int side = -1; side <= 1; side += 2) {
-      const index_t k = ref + side;
-      if (k < rg.lo || k >= rg.hi) continue;
-      const double sk = double(score(k));
-      double d_left, d_right, cp, own_dx;
-      if (side < 0) {
-        S::derivatives(sk, s_ref, &d_left, &d_right, &cp);
-        own_dx = d_left;
-      } else {
-        S::derivatives(s_ref, sk, &d_left, &d_right, &cp);
-        own_dx = d_right;
-      }
-      const index_t o = k + side;  // k's other neighbour
-      double other;
-      if (o >= rg.lo && o < rg.hi) {
-        double wl, wr;
-        if (side < 0) {
-          S::weights(double(score(o)), sk, &wl, &wr);
-          other = wr;
-        } else {
-          S::weights(sk, double(score(o)), &wl, &wr);
-          other = wl;
-        }
-      } else {
-        other = S::half_cell(sk);
-      }
-      const W h = dp(k) - dpref;
-      near += h * W(other + own_dx);
-    }
-    d += -near + p_other * e_near;
-  }
-  return d;
-}
-
-template <class T, bool Continuum>
+template <class T, class Stencil>
 void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t hk, double scale,
                    BackwardWorkspace<T>& ws,
                    std::vector<RowInfo<T>>& rows /* one per query head of the group */) {
@@ -1087,7 +1023,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     for (auto* v : {&ri.z, &ri.a_ref, &ri.a_other, &ri.e_far, &ri.e_near, &ri.dts}) v->assign(Lq, W(0));
     for (index_t i = 0; i < Lq; ++i) {
       ri.range[i] = row_range(a.visibility, b, i, Lq, Lk);
-      ri.tau[i] = temperature_of(a.temperature, b, h, i, Hq, Lq);
+      ri.tau[i] = temperature_at(a.temperature, b, h, i, Hq, Lq);
       ri.c[i] = T(MeasureType<T>(scale) / MeasureType<T>(ri.tau[i]));
       if (ri.range[i].hi <= ri.range[i].lo || (ok && ok[(b * Hq + h) * Lq + i] != kTiled))
         ri.range[i] = {0, 0};  // empty (or declined, or not in the subset): no contribution here
@@ -1101,7 +1037,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
 
   // Key tiles of kBc - 2 keys for continuum: with a halo key on each side the
   // S and dP products are kBc columns wide, a whole number of vectors.
-  constexpr index_t kTile = Continuum ? kBc - 2 : kBc;
+  constexpr index_t kTile = Stencil::has_halo ? kBc - 2 : kBc;
 
   // Row statistics, recomputed from Q, K, V, dO (the caller's lse and out are
   // not read), in the reference-key form (MATH.md §6, reference_grad_score):
@@ -1131,8 +1067,8 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
       }
     for (index_t k0 = 0; k0 < Lk; k0 += kTile) {
       const index_t k1 = std::min(k0 + kTile, Lk);
-      const index_t kk0 = Continuum ? std::max<index_t>(k0 - 1, 0) : k0;
-      const index_t kk1 = Continuum ? std::min(k1 + 1, Lk) : k1;
+      const index_t kk0 = Stencil::has_halo ? std::max<index_t>(k0 - 1, 0) : k0;
+      const index_t kk1 = Stencil::has_halo ? std::min(k1 + 1, Lk) : k1;
       const index_t off = k0 - kk0, nk = kk1 - kk0;
       const index_t nkp = round_up(nk, kPad<T>);
       pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), nkp);
@@ -1182,7 +1118,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
             row_exp(sr, e, ri.m[i], kv0, kv1);
             const T* alpha_l = e;  // softmax: α = e
             const T* alpha_r = nullptr;
-            if constexpr (Continuum) {
+            if constexpr (Stencil::has_halo) {
               T* ax = ws.ax.data();
               T* ay = ws.ay.data();
               row_segments_backward(sr, e, ws.g.data(), ax, ay, ws.dx.data(), ws.dy.data(), kv0 + 1, kv1);
@@ -1197,7 +1133,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
             const T dpref = ri.dpref[i];
             // Far keys (|j − ref| > 1; every non-ref key for softmax) in one
             // vector loop on each side of ref, then ref and its neighbours.
-            const index_t near = Continuum ? 1 : 0;
+            const index_t near = Stencil::has_halo ? 1 : 0;
             const index_t rc = ref - k0;  // ref's column (may lie outside the tile)
             W zf = 0, ef = 0;
             auto far = [&](index_t c0, index_t c1) {
@@ -1234,7 +1170,6 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     }
   }
   {
-    using Stencil = std::conditional_t<Continuum, ContinuumStencil, SoftmaxStencil>;
     for (index_t gq = 0; gq < group; ++gq) {
       const index_t h = hk * group + gq;
       RowInfo<T>& ri = rows[gq];
@@ -1258,8 +1193,8 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
         const W dpref = wide_dot<W>(go, a.value.row(b, hk, ref), Dv);
         const auto score = [&](index_t j) { return cw * (wide_dot<W>(qi, a.key.row(b, hk, j), D) - mraw); };
         const auto dp = [&](index_t j) { return wide_dot<W>(go, a.value.row(b, hk, j), Dv); };
-        const W zds = reference_grad_score<Stencil>(KeyRange{rg.lo, rg.hi}, ref, score, dp, dpref, ri.a_ref[i],
-                                                    ri.a_other[i], z, ri.e_far[i], ri.e_near[i]);
+        const W zds = detail::reference_grad_score<Stencil>(rg.lo, rg.hi, ref, score, dp, dpref, ri.a_ref[i],
+                                                            ri.a_other[i], z, ri.e_far[i], ri.e_near[i]);
         ri.dsref[i] = T(zds / z);
       }
     }
@@ -1268,8 +1203,8 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
   for (index_t k0 = 0; k0 < Lk; k0 += kTile) {
     const index_t k1 = std::min(k0 + kTile, Lk);
     const index_t nc = k1 - k0;
-    const index_t kk0 = Continuum ? std::max<index_t>(k0 - 1, 0) : k0;
-    const index_t kk1 = Continuum ? std::min(k1 + 1, Lk) : k1;
+    const index_t kk0 = Stencil::has_halo ? std::max<index_t>(k0 - 1, 0) : k0;
+    const index_t kk1 = Stencil::has_halo ? std::min(k1 + 1, Lk) : k1;
     const index_t off = k0 - kk0;  // column of key k0 in s/dp
     const index_t nk = kk1 - kk0;
     ws.dk.topRows(nc).setZero();
@@ -1326,7 +1261,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
             g[c] = (dpr[c] - dpref) - delta;  // h − δ: exact 0 − δ at ref
           }
           W dts = 0;
-          if constexpr (Continuum) {
+          if constexpr (Stencil::has_halo) {
             T* ax = ws.ax.data();  // weight a knot gets from its right-hand segment
             T* ay = ws.ay.data();  // … from its left-hand segment
             T* dx = ws.dx.data();  // dS contributions from the right-hand segment
@@ -1409,34 +1344,23 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
 }
 
 /// dτ in the temperature's shape from per-row values -(1/τ_i) Σ_j dS_ij s_ij,
-/// summed in a fixed order (MATH.md §8 shapes, §10 determinism).
+/// summed in double in the order every backend uses
+/// (detail::GradTemperatureOrder; MATH.md §8 shapes, §10 determinism).
 template <class T>
 void write_grad_temperature(const BackwardArgs<T>& a, const std::vector<double>& dtau_rows) {
-  const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq;
-  switch (a.temperature.shape) {
-    case TemperatureShape::scalar: {
-      double s = 0;
-      for (double v : dtau_rows) s += v;
-      *a.grad_temperature = T(s);
-      break;
-    }
-    case TemperatureShape::per_head:
-      for (index_t h = 0; h < Hq; ++h) {
-        double s = 0;
-        for (index_t b = 0; b < B; ++b)
-          for (index_t i = 0; i < Lq; ++i) s += dtau_rows[std::size_t((b * Hq + h) * Lq + i)];
-        a.grad_temperature[h] = T(s);
-      }
-      break;
-    case TemperatureShape::per_query:
-      for (std::size_t i = 0; i < dtau_rows.size(); ++i) a.grad_temperature[i] = T(dtau_rows[i]);
-      break;
+  if (a.temperature.shape == TemperatureShape::per_query) {
+    for (std::size_t i = 0; i < dtau_rows.size(); ++i) a.grad_temperature[i] = T(dtau_rows[i]);
+    return;
   }
+  const detail::GradTemperatureOrder order{a.temperature.shape, a.query.batch, a.query.heads, a.query.seq};
+  for (index_t out = 0; out < order.outputs(); ++out)
+    a.grad_temperature[out] =
+        T(detail::fixed_order_sum<double>(order, out, [&](index_t row) { return dtau_rows[std::size_t(row)]; }));
 }
 
 /// The tiled backward over every (batch, KV head); returns the per-row dτ
 /// terms -(1/τ_i) Σ_j dS_ij s_ij (empty when no dτ is wanted).
-template <class T, bool Continuum>
+template <class T, class Stencil>
 std::vector<double> backward_run(const BackwardArgs<T>& a, const char* ok, double scale, int threads,
                                        index_t group) {
   const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
@@ -1455,7 +1379,7 @@ std::vector<double> backward_run(const BackwardArgs<T>& a, const char* ok, doubl
 #endif
     for (index_t task = 0; task < ntasks; ++task) {
       const index_t b = task / Hk, hk = task % Hk;
-      backward_head<T, Continuum>(a, ok, b, hk, scale, ws, rows);
+      backward_head<T, Stencil>(a, ok, b, hk, scale, ws, rows);
       if (a.grad_temperature)
         for (index_t gq = 0; gq < group; ++gq) {
           const index_t h = hk * group + gq;
@@ -1475,7 +1399,7 @@ std::vector<double> backward_run(const BackwardArgs<T>& a, const char* ok, doubl
 /// Rows the tiled kernel in T does not take (row_eligibility) are handed to
 /// declined(rows, dtau_rows), which writes their dQ, adds their dK, dV terms
 /// and sets their dτ terms (backends/cpu.hpp).
-template <class T, bool Continuum, class Declined>
+template <class T, class Stencil, class Declined>
 std::vector<double> backward_tiled(const BackwardArgs<T>& a, double scale, const char* subset, Declined&& declined) {
   const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
   const index_t group = Hk > 0 ? Hq / Hk : 0;  // Hk = 0 (nothing to do): no division by zero
@@ -1487,7 +1411,7 @@ std::vector<double> backward_tiled(const BackwardArgs<T>& a, double scale, const
   const char* okp = subset || rejected ? ok.data() : nullptr;
   std::vector<double> dtau_rows;
   if (ntasks > 0)
-    dtau_rows = backward_run<T, Continuum>(a, okp, scale, threads, group);
+    dtau_rows = backward_run<T, Stencil>(a, okp, scale, threads, group);
   else if (a.grad_temperature)
     dtau_rows.assign(std::size_t(B * Hq * Lq), 0.0);
   if (rejected > 0) {

@@ -170,34 +170,24 @@ CONTINUUM_DEVICE void tile_relative_dp(const KernelParams<E, A>& p, const Backwa
 template <class E, class A, class Stencil>
 CONTINUUM_DEVICE A reference_grad_score(const KernelParams<E, A>& p, const BackwardShared<A>& sh, int r,
                                         index_t b, index_t hk) {
-  const A sum = sh.sum[r];
-  A d = -(sh.a_ref[r] / sum) * sh.e_far[r];
-  if constexpr (Stencil::has_halo) {
-    const index_t ref = sh.ref[r], lo = sh.lo[r], hi = sh.hi[r];
-    const A* qr = sh.q + r * sh.ldq;
-    const A* gr = sh.go + r * sh.ldo;
-    const A m = sh.shift[r];  // = s_ref: t_ref = 0
-    auto t_of = [&](index_t j) {
-      const E* kj = p.k.row(b, hk, j);
-      A acc = A(0);
-      for (index_t x = 0; x < p.D; ++x) acc += qr[x] * to_acc(kj[x]);
-      return acc - m;
-    };
-    A near = A(0);
-    for (int side = -1; side <= 1; side += 2) {
-      const index_t k = ref + side;
-      if (k < lo || k >= hi) continue;
-      const A tk = t_of(k);
-      const index_t o = k + side;  // k's other neighbour
-      const A other = (o >= lo && o < hi) ? segment_weight(tk, t_of(o)) : half_cell_weight(tk);
-      const E* vk = p.v.row(b, hk, k);
-      A dp = A(0);
-      for (index_t x = 0; x < p.Dv; ++x) dp += gr[x] * to_acc(vk[x]);
-      near += (dp - sh.dpref[r]) * (other + segment_weight_dx(tk, A(0)));
-    }
-    d += -near + (sh.a_other[r] / sum) * sh.e_near[r];
-  }
-  return d;
+  const A* qr = sh.q + r * sh.ldq;
+  const A* gr = sh.go + r * sh.ldo;
+  const A m = sh.shift[r];  // = s_ref
+  const auto score = [&](index_t j) {  // s_j − s_ref
+    const E* kj = p.k.row(b, hk, j);
+    A acc = A(0);
+    for (index_t x = 0; x < p.D; ++x) acc += qr[x] * to_acc(kj[x]);
+    return acc - m;
+  };
+  const auto dp = [&](index_t j) {
+    const E* vj = p.v.row(b, hk, j);
+    A acc = A(0);
+    for (index_t x = 0; x < p.Dv; ++x) acc += gr[x] * to_acc(vj[x]);
+    return acc;
+  };
+  return detail::reference_grad_score<Stencil, A>(sh.lo[r], sh.hi[r], sh.ref[r], score, dp, sh.dpref[r],
+                                                  sh.a_ref[r], sh.a_other[r], sh.sum[r], sh.e_far[r],
+                                                  sh.e_near[r]);
 }
 
 /// 1. The row statistics (KernelParams' row_*). Work item = (query tile,
@@ -469,22 +459,19 @@ CONTINUUM_DEVICE void dkdv_body(const KernelParams<E, A>& p) {
   }
 }
 
-/// 4. dτ for a per-head (one block per head) or scalar (one block) temperature:
-/// each thread sums a fixed strided subset of the row terms, then a fixed
-/// binary tree in shared memory (block_threads() a power of two).
+/// 4. dτ for a per-head (one block per head) or scalar (one block)
+/// temperature, in the order every backend uses (detail::GradTemperatureOrder):
+/// thread l is lane l (block_threads() == GradTemperatureOrder::kLanes), then
+/// the binary tree in shared memory.
 template <class E, class A>
 CONTINUUM_DEVICE void dtau_body(const KernelParams<E, A>& p, A* grad_temperature) {
   const int tid = thread_id(), nt = block_threads();
   A* red = reinterpret_cast<A*>(shared_bytes());
-  const bool per_head = p.tshape == TemperatureShape::per_head;
-  const index_t n_out = per_head ? p.Hq : 1;
-  for (index_t out = block_id(); out < n_out; out += grid_blocks()) {
-    const index_t n = per_head ? p.B * p.Lq : p.B * p.Hq * p.Lq;
+  const detail::GradTemperatureOrder order{p.tshape, p.B, p.Hq, p.Lq};
+  const index_t n = order.terms();
+  for (index_t out = block_id(); out < order.outputs(); out += grid_blocks()) {
     A acc = A(0);
-    for (index_t e = tid; e < n; e += nt) {
-      const index_t x = per_head ? ((e / p.Lq) * p.Hq + out) * p.Lq + e % p.Lq : e;
-      acc += p.row_dtau[x];
-    }
+    for (index_t e = tid; e < n; e += nt) acc += p.row_dtau[order.row(out, e)];
     red[tid] = acc;
     block_sync();
     for (int half = nt / 2; half > 0; half /= 2) {

@@ -17,6 +17,7 @@
 #include "../../attention/params.hpp"
 #include "../../attention/visibility.hpp"
 #include "../../config.hpp"
+#include "../../detail/row_state.hpp"
 #include "../../math/density.hpp"
 
 #if defined(__CUDACC__)
@@ -121,15 +122,12 @@ CONTINUUM_HOST_DEVICE inline void visible_range(const KernelParams<E, A>& p, ind
   hi = r.hi;
 }
 
-/// τ of query i of (batch b, query head h) (MATH.md §8 shapes).
+/// τ of query i of (batch b, query head h): the shared lookup
+/// (attention/params.hpp, temperature_at; MATH.md §8 shapes).
 template <class E, class A>
 CONTINUUM_HOST_DEVICE inline A temperature_of(const KernelParams<E, A>& p, index_t b, index_t h,
                                               index_t i) {
-  switch (p.tshape) {
-    case TemperatureShape::per_head: return p.tdata[h];
-    case TemperatureShape::per_query: return p.tdata[(b * p.Hq + h) * p.Lq + i];
-    default: return p.tvalue;
-  }
+  return continuum::temperature_at(p.tshape, p.tvalue, p.tdata, b, h, i, p.Hq, p.Lq);
 }
 
 /// Visible key range [lo, hi) and score scale c = scale/τ of query row i of

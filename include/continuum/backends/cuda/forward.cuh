@@ -100,10 +100,9 @@ CONTINUUM_DEVICE void forward_body(const KernelParams<E, A>& p) {
         const A* sr = sh.s + r * w;
         A mt = neg_inf<A>();
         for (int cc = 0; cc < w; ++cc) mt = math::max(mt, sr[cc]);
-        const A m_old = sh.m[r];
-        const A m_new = math::max(m_old, mt);
-        sh.f[r] = m_new == neg_inf<A>() ? A(1) : math::exp(m_old - m_new);
-        sh.m[r] = m_new;
+        A m = sh.m[r];
+        sh.f[r] = detail::raise_row_max(m, mt);  // the shared step (detail/row_state.hpp)
+        sh.m[r] = m;
       }
       block_sync();
       // α_j e^{-m} for the interior columns (the shared stencil, MATH.md §4).

@@ -192,8 +192,9 @@ void backward_launch(const BackwardArgs<E>& a, const AttentionShape& shape, doub
     check_cuda(cudaGetLastError(), "dkdv kernel launch");
   }
   if (want_dtau && p.tshape != TemperatureShape::per_query) {
-    const index_t n_out = p.tshape == TemperatureShape::per_head ? p.Hq : 1;
-    dtau_kernel<E, A><<<grid_for(n_out), 256, 256 * sizeof(A)>>>(p, a.grad_temperature);
+    const detail::GradTemperatureOrder order{p.tshape, p.B, p.Hq, p.Lq};
+    constexpr int lanes = detail::GradTemperatureOrder::kLanes;
+    dtau_kernel<E, A><<<grid_for(order.outputs()), lanes, lanes * sizeof(A)>>>(p, a.grad_temperature);
     check_cuda(cudaGetLastError(), "dtau kernel launch");
   }
   check_cuda(cudaFreeAsync(ws, 0), "cudaFreeAsync");
