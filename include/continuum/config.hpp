@@ -19,6 +19,14 @@
 #if defined(__CUDA_ARCH__)
 #  define CONTINUUM_DEVICE_PASS 1
 #endif
+/// Before a host-device function template that calls what it is given
+/// (lambdas): each instantiation is compiled for the space its caller is in,
+/// so nvcc's check of host-only callees is disabled for it (as in Eigen).
+#if defined(__CUDACC__)
+#  define CONTINUUM_HD_CALLS_ARGUMENTS _Pragma("nv_exec_check_disable")
+#else
+#  define CONTINUUM_HD_CALLS_ARGUMENTS
+#endif
 
 namespace continuum {
 

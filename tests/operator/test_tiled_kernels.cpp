@@ -161,3 +161,57 @@ TEST_CASE("tiled forward: a KV-cache decode step is the full causal row, bit for
     CHECK(std::memcmp(&lse, &full.lse[static_cast<std::size_t>(t)], sizeof(float)) == 0);
   }
 }
+
+TEST_CASE("tiled forward: a decode step over a long KV cache is split over the key axis", "[operator][tiled]") {
+  // Lk ≥ 2·kSplitKeys: chunks of kSplitKeys keys (the last one short), each a
+  // task, combined in chunk order. Checked against the reference (with P and
+  // π, which check_forward also requires to change no bit), with visible
+  // ranges that start just before, at and just after a chunk boundary (the
+  // halo at the chunk's start), end at one, and bitwise across thread counts.
+  using continuum::cpu_detail::tiled::kSplitKeys;
+  use_mp_precision();
+  const int kernel = GENERATE(0, 1);
+  const index_t Lk = 2 * kSplitKeys + 37;
+  auto make = [&](Case<float>& c) {
+    c.B = 1;
+    c.Hq = 4;
+    c.Hk = 2;  // GQA: one task per KV head holds both query heads
+    c.Lq = 1;
+    c.Lk = Lk;
+    c.D = 16;
+    c.Dv = 8;
+    c.kernel = kernel ? continuum::Kernel::softmax : continuum::Kernel::continuum;
+    c.tau = 0.3f;
+  };
+  struct Range {
+    index_t lo, hi;
+    const char* name;
+  };
+  for (const Range r : {Range{0, Lk, "all keys"}, Range{kSplitKeys - 1, Lk, "from the key before a boundary"},
+                        Range{kSplitKeys, Lk, "from a boundary"}, Range{kSplitKeys + 1, Lk, "from after a boundary"},
+                        Range{100, 2 * kSplitKeys, "ending at a boundary"}}) {
+    std::vector<float> o1, l1;
+    for (int threads : {1, 2, 3}) {
+      Case<float> c;
+      make(c);
+      c.range_lo.assign(1, r.lo);
+      c.range_hi.assign(1, r.hi);
+      c.threads = threads;
+      c.want_maps = threads == 1;
+      c.alloc();
+      auto rng = rng_for(777);
+      c.fill_uniform(rng);
+      INFO("kernel " << kernel << ", keys [" << r.lo << ", " << r.hi << "): " << r.name << ", threads " << threads);
+      if (threads == 1) {
+        check_forward<mp>(c, std::string("decode split ") + r.name);
+        c.forward();  // check_forward's last call computed in double
+        o1 = c.o.contiguous();
+        l1 = c.lse;
+      } else {
+        c.forward();
+        CHECK(bitwise_equal(c.o.contiguous(), o1));
+        CHECK(bitwise_equal(c.lse, l1));
+      }
+    }
+  }
+}

@@ -1,20 +1,14 @@
 // detail/row_state.hpp — per-row numerics shared by the CPU and CUDA
-// backends: the compute type, shifted scores, the stencil with the underflow
-// flush, the online row maximum (FlashAttention-2's running max, MATH.md §5
-// "Numerical form of the forward"), the score gradient at the reference key
+// backends: the underflow flush of the stencil, the stencil evaluated segment
+// by segment, the online row maximum (FlashAttention-2's running max, MATH.md
+// §5 "Numerical form of the forward"), the score gradient at the reference key
 // (MATH.md §6) and the order of dτ's reduction (MATH.md §8, §10).
 //
-// Conventions (both backends):
-//  * raw scores r_ij = q_i · k_j are formed in compute_t<T> (double for float
-//    storage: products of floats are exact in double and |r| ≤ D·FLT_MAX² never
-//    overflows, so q = k = [1e19]×4 is fine — MATH.md appendix A W13);
-//  * the row maximum m_i is kept in raw units, and the stencil sees shifted
-//    scores s̃_ij = c_i · (r_ij − m_i) ≤ 0 with c_i = scale / τ_i. Any c_i
-//    (tiny τ, W12) then gives s̃ ∈ [−∞, 0]: −∞ is a valid, fully underflowed
-//    score, and ∞ − ∞ is never formed;
-//  * lse_i = c_i·m_i + log Σ_j α̃_ij, rounded once to the storage type (it may
-//    be ±∞ when log Z_i is outside that type's range; the backward does not
-//    read it).
+// Conventions (both backends): the stencil sees scores shifted by the row
+// maximum m_i, s̃_ij = s_ij − m_i ≤ 0, so −∞ is a valid, fully underflowed
+// score and ∞ − ∞ is never formed; lse_i = m_i + log Σ_j α̃_ij is rounded once
+// to the storage type (it may be ±∞ when log Z_i is outside that type's range;
+// the backward does not read it).
 #pragma once
 
 #include <cstdint>
@@ -25,14 +19,6 @@
 
 namespace continuum {
 namespace detail {
-
-/// Type in which scores, stencil weights and accumulators are computed. Both
-/// storage types compute in double: for float storage this removes score
-/// overflow (W13), keeps every stencil weight of a finite float problem a
-/// normal double (no denormals, W11; the smallest nonzero row sum is about
-/// 1/(c·Δr) ≥ 1e-122, see flush_threshold) and rounds each output once.
-template <class T> struct compute_type { using type = double; };
-template <class T> using compute_t = typename compute_type<T>::type;
 
 /// Underflow flush (W11): a key whose three stencil scores (its own and its
 /// visible neighbours', shifted by the row maximum) are all below this value
@@ -51,12 +37,6 @@ template <class C> struct flush_threshold;
 template <> struct flush_threshold<double> { static constexpr double value = -700.0; };
 template <> struct flush_threshold<float> { static constexpr float value = -87.0f; };
 
-/// Shifted score s̃ = c·(r − m) (≤ 0 when m is the row maximum).
-template <class C>
-CONTINUUM_HOST_DEVICE inline C shifted_score(C c, C r, C m) {
-  return c * (r - m);
-}
-
 /// The stencil policy with the flush applied. l, s, r are shifted scores of
 /// keys j−1, j, j+1; hl / hr say whether j−1 / j+1 are visible. A NaN score
 /// is never flushed (comparisons with NaN are false), so NaN propagates.
@@ -71,28 +51,10 @@ struct FlushedStencil {
     }
     return true;
   }
-  /// α̃_j, the unnormalised weight of key j relative to e^{m}.
-  CONTINUUM_HOST_DEVICE static C weight(C l, C s, C r, bool hl, bool hr) {
-    if (flushed(l, s, r, hl, hr)) return C(0);
-    return Stencil::weight(l, s, r, hl, hr);
-  }
   /// Unnormalised half-token cell mass of key j (MATH.md §5; inspection only).
   CONTINUUM_HOST_DEVICE static C cell_mass(C l, C s, C r, bool hl, bool hr) {
     if (flushed(l, s, r, hl, hr)) return C(0);
     return Stencil::cell_mass(l, s, r, hl, hr);
-  }
-  /// Z̃·dS_j (MATH.md §6): the tridiagonal stencil applied to g_k = dP_k − Dl:
-  ///   g_j ∂α_j/∂s_j + g_{j−1} ∂α_{j−1}/∂s_j + g_{j+1} ∂α_{j+1}/∂s_j,
-  /// absent terms (invisible neighbours) dropped. Every term is bounded by
-  /// e^{max(l, s, r)}, so the flush drops only negligible terms.
-  CONTINUUM_HOST_DEVICE static C grad_score(C l, C s, C r, bool hl, bool hr, C gl, C g, C gr) {
-    if (flushed(l, s, r, hl, hr)) return C(0);
-    C d = g * Stencil::weight_ds(l, s, r, hl, hr);
-    if (Stencil::has_halo) {
-      if (hl) d += gl * Stencil::coupling(s, l);
-      if (hr) d += gr * Stencil::coupling(s, r);
-    }
-    return d;
   }
 };
 
@@ -164,96 +126,6 @@ struct SegmentStencil<SoftmaxStencil> {
   }
 };
 
-/// Per-row stencil over the keys [ja, jb) of one tile, in segment form.
-/// sc(j) returns the shifted score of visible key j (called for j in
-/// [ja − 1, jb] ∩ [lo, hi)). Writes alpha[j − ja] = α̃_j when alpha is not null
-/// and, when g is not null, ds[j − ja] = Z̃·dS_j = Σ_k g_k ∂α̃_k/∂s_j with
-/// g(j) = dP_j − Dl (MATH.md §6).
-template <class Stencil, class Score, class Grad>
-CONTINUUM_HOST_DEVICE inline void row_stencil(index_t lo, index_t hi, index_t ja, index_t jb, Score sc,
-                                              double* alpha, Grad g, double* ds) {
-  using S = SegmentStencil<Stencil>;
-  if constexpr (!S::has_halo) {
-    for (index_t j = ja; j < jb; ++j) {
-      const double w = S::weight(sc(j));
-      if (alpha) alpha[j - ja] = w;
-      if (ds) ds[j - ja] = w == 0.0 ? 0.0 : g(j) * w;
-    }
-  } else {
-    // Carried from segment (j−1, j): knot j's own derivative and the coupling.
-    double s = sc(ja);
-    double carry_d = 0.0, carry_c = 0.0, carry_w = 0.0;
-    bool has_left = ja - 1 >= lo;
-    if (has_left) {
-      const double l = sc(ja - 1);
-      if (ds) {
-        double dl, dr, cp;
-        S::derivatives(l, s, &dl, &dr, &cp);
-        carry_d = dr;
-        carry_c = cp;
-        carry_w = dr + cp;
-      } else {
-        double wl, wr;
-        S::weights(l, s, &wl, &wr);
-        carry_w = wr;
-      }
-    }
-    double g_left = (ds && has_left) ? g(ja - 1) : 0.0;
-    double g_here = ds ? g(ja) : 0.0;
-    for (index_t j = ja; j < jb; ++j) {
-      const bool has_right = j + 1 < hi;
-      const double r = has_right ? sc(j + 1) : 0.0;
-      double w_left, w_right, d_left, d_right, c_left = carry_c, c_right = 0.0;
-      double next_d = 0.0, next_c = 0.0, next_w = 0.0;
-      if (has_left) {
-        w_left = carry_w;
-        d_left = carry_d;
-      } else {
-        w_left = d_left = S::half_cell(s);
-      }
-      if (has_right) {
-        if (ds) {
-          double dl, dr, cp;
-          S::derivatives(s, r, &dl, &dr, &cp);
-          d_right = dl;
-          c_right = cp;
-          w_right = dl + cp;
-          next_d = dr;
-          next_c = cp;
-          next_w = dr + cp;
-        } else {
-          double wl, wr;
-          S::weights(s, r, &wl, &wr);
-          w_right = wl;
-          d_right = 0.0;
-          next_w = wr;
-        }
-      } else {
-        w_right = d_right = S::half_cell(s);
-      }
-      if (alpha) alpha[j - ja] = w_left + w_right;
-      const double g_right = (ds && has_right) ? g(j + 1) : 0.0;
-      if (ds) {
-        double d = 0.0;
-        const double own = d_left + d_right;
-        if (own != 0.0) d = g_here * own;
-        if (has_left && c_left != 0.0) d += g_left * c_left;
-        if (has_right && c_right != 0.0) d += g_right * c_right;
-        ds[j - ja] = d;
-      }
-      // advance
-      has_left = true;
-      carry_w = next_w;
-      carry_d = next_d;
-      carry_c = next_c;
-      g_left = g_here;
-      g_here = g_right;
-      s = r;
-      if (!has_right) break;
-    }
-  }
-}
-
 /// One step of the online row maximum (FlashAttention-2's running max,
 /// MATH.md §5), the same on every backend: raises the row maximum m to
 /// tile_max (both in the units the weights are taken in) when that is larger,
@@ -283,6 +155,7 @@ CONTINUUM_HOST_DEVICE inline C raise_row_max(C& m, C tile_max) {
 /// α̃_k − ∂α̃_k/∂s_ref = (k's weight from its other side) + ∂w(s_k, s_ref)/∂s_k
 /// is a sum of positive terms. Softmax has no near terms. W is the type the
 /// sums are in; the stencil is evaluated in double.
+CONTINUUM_HD_CALLS_ARGUMENTS
 template <class Stencil, class W, class Score, class DotP>
 CONTINUUM_HOST_DEVICE inline W reference_grad_score(index_t lo, index_t hi, index_t ref, Score score, DotP dp,
                                                     W dpref, W alpha_ref, W alpha_other, W sum, W e_far,

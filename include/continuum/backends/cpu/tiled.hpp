@@ -7,7 +7,10 @@
 //
 // Forward (MATH.md §4–§5, "numerical form"): one task per (batch, query head,
 // block of kBr query rows), tasks spread over OpenMP threads (dynamic schedule,
-// heaviest causal blocks first). A task walks the key range its rows can see in
+// heaviest causal blocks first). A decode step (every query row of a head, or
+// of a GQA group, in one task) over at least 2·kSplitKeys keys is also split
+// over the key axis: chunks of kSplitKeys keys, each a task of its own, then
+// the chunks' (max, sum, P·V) combined in chunk order (MATH.md §10). A task walks the key range its rows can see in
 // tiles of kBc keys; tiles outside every row's range are skipped, not masked.
 // Per tile:
 //   S  = (c_i q_i) · K_tileᵀ               tile GEMM (c_i = scale / τ_i folded into q)
@@ -81,6 +84,8 @@ namespace tiled {
 inline constexpr index_t kBr = 256;  // query rows per task (forward)
 inline constexpr index_t kBs = 64;   // query rows per GEMM sub-block (causal skipping)
 inline constexpr index_t kBc = 128;  // keys per tile
+/// Keys per chunk of a decode step's key-axis split (forward_tiled).
+inline constexpr index_t kSplitKeys = 16 * kBc;
 inline constexpr index_t kBrBwd = 64;  // query rows per tile (backward)
 
 template <class T>
@@ -759,16 +764,48 @@ void write_maps(const T* qs, const TensorView<const T>& key, index_t b, index_t 
   }
 }
 
+/// qs = c_i q_i, the query of row (b, h, i) scaled by c_i = scale / τ_i.
+template <class T>
+inline void scaled_query(const ForwardArgs<T>& a, index_t b, index_t h, index_t i, double scale, T* qs) {
+  const T c = T(MeasureType<T>(scale) /
+                MeasureType<T>(temperature_at(a.temperature, b, h, i, a.query.heads, a.query.seq)));
+  const T* qi = a.query.row(b, h, i);
+  for (index_t d = 0; d < a.query.dim; ++d) qs[d] = c * qi[d];
+}
+
+/// Writes the outputs of finished row r of a task (query i of head h, batch
+/// b): out = o / l, lse = m + log l (0 and −∞ for a row that sees no key) and
+/// the inspection maps when asked for.
+template <class T, class Stencil>
+void write_row(const ForwardArgs<T>& a, index_t b, index_t h, index_t i, index_t r, ForwardWorkspace<T>& ws) {
+  const index_t Lq = a.query.seq, Lk = a.key.seq, Dv = a.value.dim, Hq = a.query.heads;
+  const index_t hk = h / (Hq / a.key.heads);
+  const bool empty = !(ws.l[r] > T(0));
+  T* out = a.out.row(b, h, i);
+  const T inv = empty ? T(0) : T(1) / ws.l[r];
+  for (index_t d = 0; d < Dv; ++d) out[d] = empty ? T(0) : ws.o(r, d) * inv;
+  if (a.lse) a.lse[(b * Hq + h) * Lq + i] = empty ? -std::numeric_limits<T>::infinity() : ws.m[r] + std::log(ws.l[r]);
+  if (a.probs || a.cell_mass) {
+    const index_t row = (b * Hq + h) * Lq + i;
+    write_maps<T, Stencil>(ws.q.row(r).data(), a.key, b, hk, ws.range[r], ws.m[r], ws.l[r],
+                           a.probs ? a.probs + row * Lk : nullptr, a.cell_mass ? a.cell_mass + row * Lk : nullptr, ws);
+  }
+}
+
 /// One task: the query rows [i0, i1) of the nh query heads h0 … h0 + nh − 1 of
 /// batch b, which share one KV head (nh = 1, or the whole GQA group when a
 /// task can hold it: a decode step), so that each key tile is packed once for
 /// all of them. Row r is query i0 + r mod (i1 − i0) of head h0 + r div
 /// (i1 − i0). Stencil is the stencil policy (ContinuumStencil's three-point
-/// stencil or SoftmaxStencil's e^s). Each row's operations do not depend on which rows share its
-/// task (range_gemm, per-element tile products), so grouping changes no bit.
+/// stencil or SoftmaxStencil's e^s). Each row's operations do not depend on
+/// which rows share its task (range_gemm, per-element tile products), so
+/// grouping changes no bit. The task covers the keys [ka, kz) (a chunk of a
+/// split task, multiples of kBc; else [0, Lk)): with `partial` null its rows
+/// are finished and written, else their state (m, l, o) goes to
+/// partial[r · (Dv + 2) + …] (finish_split).
 template <class T, class Stencil>
 void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, index_t i0, index_t i1,
-                   double scale, ForwardWorkspace<T>& ws, const char* ok) {
+                   double scale, ForwardWorkspace<T>& ws, const char* ok, index_t ka, index_t kz, T* partial) {
   const index_t Lq = a.query.seq, Lk = a.key.seq, D = a.query.dim, Dv = a.value.dim;
   const index_t Hq = a.query.heads;
   const index_t hk = h0 / (Hq / a.key.heads);
@@ -786,14 +823,13 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
       kmin = std::min(kmin, ws.range[r].lo);
       kmax = std::max(kmax, ws.range[r].hi);
     }
-    const T c = T(MeasureType<T>(scale) / MeasureType<T>(temperature_at(a.temperature, b, h, i, Hq, Lq)));
-    const T* qi = a.query.row(b, h, i);
-    T* qs = ws.q.row(r).data();
-    for (index_t d = 0; d < D; ++d) qs[d] = c * qi[d];
+    scaled_query(a, b, h, i, scale, ws.q.row(r).data());
     ws.m[r] = kNegInf;
     ws.l[r] = T(0);
   }
   ws.o.topRows(nr).setZero();
+  kmin = std::max(kmin, ka);  // this task's chunk of keys
+  kmax = std::min(kmax, kz);
 
   const index_t ldk = a.key.stride_seq, ldv = a.value.stride_seq;
   const index_t lds = ws.s.cols(), ldw = ws.w.cols();
@@ -805,9 +841,20 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
     const index_t k1 = std::min(k0 + kBc, kmax);
     const index_t nc = k1 - k0;
     const index_t key0 = k0 - 1;  // tile column c holds key key0 + c; column 0 is the halo
-    // Halo: the previous tile's last score (carried in column kBc), or 0 in the
-    // first tile (where no row can see key k0 - 1).
+    // Halo: the previous tile's last score (carried in column kBc); in the
+    // first tile, 0 where no row can see key k0 - 1, except at the start of a
+    // chunk, where the rows that see it get its score (the tile product's
+    // operations: a running multiply-add in d order).
     for (index_t r = 0; r < nr; ++r) ws.s(r, 0) = k0 > kstart ? ws.s(r, kBc) : T(0);
+    if (k0 == kstart && k0 == ka && k0 > 0)
+      for (index_t r = 0; r < nr; ++r)
+        if (ws.range[r].lo < k0 && ws.range[r].hi > k0) {
+          const T* qs = ws.q.row(r).data();
+          const T* kh = a.key.row(b, hk, k0 - 1);
+          T acc = T(0);
+          for (index_t d = 0; d < D; ++d) acc = madd(qs[d], kh[d], acc);
+          ws.s(r, 0) = acc;
+        }
     bool packed = false;
     index_t ncp = 0;
     for (index_t r0 = 0; r0 < nr; r0 += kBs) {
@@ -874,21 +921,56 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
   }
 
   for (index_t r = 0; r < nr; ++r) {
-    const index_t i = i0 + r % ni, h = h0 + r / ni;
-    const bool empty = !(ws.l[r] > T(0));
-    {
-      T* out = a.out.row(b, h, i);
-      const T inv = empty ? T(0) : T(1) / ws.l[r];
-      for (index_t d = 0; d < Dv; ++d) out[d] = empty ? T(0) : ws.o(r, d) * inv;
-    }
-    if (a.lse) a.lse[(b * Hq + h) * Lq + i] = empty ? kNegInf : ws.m[r] + std::log(ws.l[r]);
-    if (a.probs || a.cell_mass) {
-      const index_t row = (b * Hq + h) * Lq + i;
-      write_maps<T, Stencil>(ws.q.row(r).data(), a.key, b, hk, ws.range[r], ws.m[r], ws.l[r],
-                               a.probs ? a.probs + row * Lk : nullptr, a.cell_mass ? a.cell_mass + row * Lk : nullptr,
-                               ws);
+    if (partial) {  // one chunk of a split task: its row state, combined later (finish_split)
+      T* pr = partial + r * (Dv + 2);
+      pr[0] = ws.m[r];
+      pr[1] = ws.l[r];
+      std::copy(ws.o.row(r).data(), ws.o.row(r).data() + Dv, pr + 2);
+    } else {
+      write_row<T, Stencil>(a, b, h0 + r / ni, i0 + r % ni, r, ws);
     }
   }
+}
+
+/// The rows of a split task (forward_block's arguments) from its chunks'
+/// states, partial[(c · rows + r) · (Dv + 2) + …] = (m, l, o) of row r in
+/// chunk c: combined in chunk order with the online row maximum, then written.
+template <class T, class Stencil>
+void finish_split(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, index_t i0, index_t i1,
+                  double scale, ForwardWorkspace<T>& ws, const char* ok, index_t chunks, const T* partial) {
+  const index_t Lq = a.query.seq, Lk = a.key.seq, Dv = a.value.dim, Hq = a.query.heads;
+  const index_t ni = i1 - i0, nr = nh * ni;
+  for (index_t r = 0; r < nr; ++r) {
+    const index_t i = i0 + r % ni, h = h0 + r / ni;
+    ws.range[r] = row_range(a.visibility, b, i, Lq, Lk);
+    if (ok && ok[(b * Hq + h) * Lq + i] != kTiled) ws.range[r] = {0, 0};
+    scaled_query(a, b, h, i, scale, ws.q.row(r).data());
+    T m = -std::numeric_limits<T>::infinity(), l = T(0);
+    T* o = ws.o.row(r).data();
+    std::fill(o, o + Dv, T(0));
+    for (index_t c = 0; c < chunks; ++c) {
+      const T* pr = partial + (c * nr + r) * (Dv + 2);
+      if (!(pr[1] > T(0))) continue;  // the row sees no key of this chunk
+      const T f = detail::raise_row_max(m, pr[0]);
+      const T g = math::exp(pr[0] - m);
+      l = l * f + g * pr[1];
+      for (index_t d = 0; d < Dv; ++d) o[d] = o[d] * f + g * pr[2 + d];
+    }
+    ws.m[r] = m;
+    ws.l[r] = l;
+    write_row<T, Stencil>(a, b, h, i, r, ws);
+  }
+}
+
+/// Whether a forward task has rows to write: every task without a subset,
+/// else those with a row of the subset that the kernels in T take.
+inline bool task_has_rows(const std::vector<char>& ok, const char* subset, index_t b, index_t h0, index_t nh,
+                          index_t i0, index_t i1, index_t Hq, index_t Lq) {
+  if (!subset) return true;
+  for (index_t h = h0; h < h0 + nh; ++h)
+    for (index_t i = i0; i < i1; ++i)
+      if (ok[std::size_t((b * Hq + h) * Lq + i)] == kTiled) return true;
+  return false;
 }
 
 /// Tiled forward, arithmetic in T, of the rows in `subset` (null = every
@@ -910,6 +992,15 @@ void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, De
   const index_t nqb = grouped ? 1 : (Lq + kBr - 1) / kBr;
   const index_t ntasks = B * (Hq / nh) * nqb;
   const index_t task_rows = grouped ? group * Lq : std::min(Lq, kBr);
+  // Key-axis split: a decode step (one task holds every query row of its
+  // head or GQA group) over at least 2·kSplitKeys keys runs as chunks of
+  // kSplitKeys keys, so that a few (batch, KV head) pairs still fill the
+  // threads. Decided by the shape alone (never by the thread count): the
+  // result is the same on any number of threads, and bitwise the full
+  // forward's row wherever no split is used.
+  const index_t Lk = a.key.seq;
+  const index_t chunks = (nqb == 1 && Lk >= 2 * kSplitKeys) ? (Lk + kSplitKeys - 1) / kSplitKeys : 1;
+  std::vector<T> partial(chunks > 1 ? std::size_t(ntasks * chunks * task_rows * (Dv + 2)) : 0);
   const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
   std::vector<char> ok;
   const index_t rejected = row_eligibility<T>(a.query, a.key, a.value, nullptr, a.visibility, a.temperature, scale,
@@ -924,19 +1015,34 @@ void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, De
 #if defined(_OPENMP)
 #  pragma omp for schedule(dynamic, 1)
 #endif
-    for (index_t task = 0; task < ntasks; ++task) {
+    for (index_t job = 0; job < ntasks * chunks; ++job) {
+      const index_t task = job / chunks, chunk = job % chunks;
       // Last query blocks first: under a causal mask they see the most keys.
       const index_t qb = nqb - 1 - task % nqb;
       const index_t bh = task / nqb;  // (batch, head group of nh heads)
       const index_t b = bh / (Hq / nh), h0 = bh % (Hq / nh) * nh;
       const index_t i0 = qb * kBr, i1 = std::min(Lq, i0 + kBr);
-      if (subset) {  // rows outside the subset are not written
-        bool any = false;
-        for (index_t h = h0; h < h0 + nh && !any; ++h)
-          for (index_t i = i0; i < i1 && !any; ++i) any = ok[std::size_t((b * Hq + h) * Lq + i)] == kTiled;
-        if (!any) continue;
+      if (!task_has_rows(ok, subset, b, h0, nh, i0, i1, Hq, Lq)) continue;  // rows outside the subset are not written
+      const char* okp = subset || rejected ? ok.data() : nullptr;
+      if (chunks == 1)
+        forward_block<T, Stencil>(a, b, h0, nh, i0, i1, scale, ws, okp, 0, Lk, nullptr);
+      else
+        forward_block<T, Stencil>(a, b, h0, nh, i0, i1, scale, ws, okp, chunk * kSplitKeys,
+                                  std::min(Lk, (chunk + 1) * kSplitKeys),
+                                  partial.data() + (task * chunks + chunk) * task_rows * (Dv + 2));
+    }
+    if (chunks > 1) {
+#if defined(_OPENMP)
+#  pragma omp for schedule(dynamic, 1)
+#endif
+      for (index_t task = 0; task < ntasks; ++task) {
+        const index_t bh = task / nqb;  // nqb = 1 here
+        const index_t b = bh / (Hq / nh), h0 = bh % (Hq / nh) * nh;
+        const index_t i0 = 0, i1 = Lq;
+        if (!task_has_rows(ok, subset, b, h0, nh, i0, i1, Hq, Lq)) continue;
+        finish_split<T, Stencil>(a, b, h0, nh, i0, i1, scale, ws, subset || rejected ? ok.data() : nullptr, chunks,
+                                 partial.data() + task * chunks * task_rows * (Dv + 2));
       }
-      forward_block<T, Stencil>(a, b, h0, nh, i0, i1, scale, ws, subset || rejected ? ok.data() : nullptr);
     }
   }
   if (rejected > 0) {
