@@ -68,7 +68,7 @@
 
 #include "../../attention/params.hpp"
 #include "../../attention/visibility.hpp"
-#include "../../detail/row_state.hpp"
+#include "../row_state.hpp"
 #include "tile_gemm.hpp"
 #include "vector_moments.hpp"
 #include "isa.hpp"

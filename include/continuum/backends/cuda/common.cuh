@@ -17,7 +17,7 @@
 #include "../../attention/params.hpp"
 #include "../../attention/visibility.hpp"
 #include "../../config.hpp"
-#include "../../detail/row_state.hpp"
+#include "../row_state.hpp"
 #include "../../math/density.hpp"
 
 #if defined(__CUDACC__)

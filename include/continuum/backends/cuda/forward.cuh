@@ -101,7 +101,7 @@ CONTINUUM_DEVICE void forward_body(const KernelParams<E, A>& p) {
         A mt = neg_inf<A>();
         for (int cc = 0; cc < w; ++cc) mt = math::max(mt, sr[cc]);
         A m = sh.m[r];
-        sh.f[r] = detail::raise_row_max(m, mt);  // the shared step (detail/row_state.hpp)
+        sh.f[r] = detail::raise_row_max(m, mt);  // the shared step (backends/row_state.hpp)
         sh.m[r] = m;
       }
       block_sync();

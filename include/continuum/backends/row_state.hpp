@@ -1,4 +1,4 @@
-// detail/row_state.hpp — per-row numerics shared by the CPU and CUDA
+// backends/row_state.hpp — per-row numerics shared by the CPU and CUDA
 // backends: the underflow flush of the stencil, the stencil evaluated segment
 // by segment, the online row maximum (FlashAttention-2's running max, MATH.md
 // §5 "Numerical form of the forward"), the score gradient at the reference key
