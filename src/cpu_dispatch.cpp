@@ -123,12 +123,14 @@ Fn pick(Fn const (&entries)[2]) {
 template <class T, class Stencil>
 void forward(const ForwardArgs<T>& a, const AttentionShape& s, double c, Stencil) {
   if constexpr (std::is_same<T, float>::value) pick<Stencil>(table().forward_float)(a, s, c);
-  else pick<Stencil>(table().forward_double)(a, s, c);
+  else if constexpr (std::is_same<T, double>::value) pick<Stencil>(table().forward_double)(a, s, c);
+  else pick<Stencil>(table().forward_bf16)(a, s, c);
 }
 template <class T, class Stencil>
 void backward(const BackwardArgs<T>& a, const AttentionShape& s, double c, Stencil) {
   if constexpr (std::is_same<T, float>::value) pick<Stencil>(table().backward_float)(a, s, c);
-  else pick<Stencil>(table().backward_double)(a, s, c);
+  else if constexpr (std::is_same<T, double>::value) pick<Stencil>(table().backward_double)(a, s, c);
+  else pick<Stencil>(table().backward_bf16)(a, s, c);
 }
 
 template void forward(const ForwardArgs<float>&, const AttentionShape&, double, ContinuumStencil);
@@ -139,6 +141,10 @@ template void backward(const BackwardArgs<float>&, const AttentionShape&, double
 template void backward(const BackwardArgs<float>&, const AttentionShape&, double, SoftmaxStencil);
 template void backward(const BackwardArgs<double>&, const AttentionShape&, double, ContinuumStencil);
 template void backward(const BackwardArgs<double>&, const AttentionShape&, double, SoftmaxStencil);
+template void forward(const ForwardArgs<bfloat16>&, const AttentionShape&, double, ContinuumStencil);
+template void forward(const ForwardArgs<bfloat16>&, const AttentionShape&, double, SoftmaxStencil);
+template void backward(const BackwardArgs<bfloat16>&, const AttentionShape&, double, ContinuumStencil);
+template void backward(const BackwardArgs<bfloat16>&, const AttentionShape&, double, SoftmaxStencil);
 
 }  // namespace cpu_dispatch
 }  // namespace continuum

@@ -36,6 +36,8 @@ const cpu_dispatch::KernelTable kernel_table = {
     {&run_forward<double, ContinuumStencil>, &run_forward<double, SoftmaxStencil>},
     {&run_backward<float, ContinuumStencil>, &run_backward<float, SoftmaxStencil>},
     {&run_backward<double, ContinuumStencil>, &run_backward<double, SoftmaxStencil>},
+    {&run_forward<bfloat16, ContinuumStencil>, &run_forward<bfloat16, SoftmaxStencil>},
+    {&run_backward<bfloat16, ContinuumStencil>, &run_backward<bfloat16, SoftmaxStencil>},
 };
 
 }  // namespace cpu_detail

@@ -3,21 +3,22 @@
 //
 //   continuum-attn --q q.npy --k k.npy --v v.npy [--do do.npy] [options] --out DIR
 //
-// Inputs: float32 or float64, 2-D [seq, dim] or 4-D [batch, heads, seq, dim]
+// Inputs: float32 or float64 files, 2-D [seq, dim] or 4-D [batch, heads, seq, dim]
 // (q [B, Hq, Lq, D], k [B, Hk, Lk, D], v [B, Hk, Lk, Dv], do [B, Hq, Lq, Dv];
 // Hq a multiple of Hk). Writes o.npy [.., Lq, Dv] and lse.npy [.., Lq]
 // (natural log of the normaliser Z, MATH.md §4–5; -inf for an empty row) and,
 // with --do, dq.npy, dk.npy, dv.npy (the shapes of q, k, v) and dtemp.npy
 // (the shape of the temperature: () for a scalar, [Hq], or [B, Hq, Lq]).
 // The inputs are converted to the storage dtype (the inputs' own unless
-// --dtype); --compute picks the arithmetic (the library's Compute): by default
-// the storage type's own (float32 storage computes in float, float64 in
-// double), --compute float64 double arithmetic for either storage type (each
-// output rounded once to the storage type), --compute float32 float arithmetic
-// (float32 storage only: with float64 storage it is a usage error). The same
-// tiled kernels run in every case, --probs (P and the cell masses π)
-// included. Outputs are written in the storage dtype
-// unless --out-dtype says otherwise. Any error: one line on stderr naming the
+// --dtype float32 | float64 | bfloat16; bfloat16 through float32); --compute
+// picks the arithmetic (the library's Compute): by default the storage type's
+// own (float32 and bfloat16 storage compute in float, float64 in double),
+// --compute float64 double arithmetic for any storage type (each output
+// rounded once to the storage type), --compute float32 float arithmetic (with
+// float64 storage it is a usage error). The same tiled kernels run in every
+// case, --probs (P and the cell masses π) included. Outputs are written in the
+// storage dtype (float32 for bfloat16 storage: .npy has no bfloat16; the
+// values are the bfloat16 outputs, exactly) unless --out-dtype says otherwise. Any error: one line on stderr naming the
 // file and the problem, exit status 1 (2 for a bad command line), and no
 // output file written (all outputs go to temporary names and are renamed into
 // place only when every one is written).
@@ -100,10 +101,12 @@ std::optional<double> parse_number(const std::string& s) {
   return std::nullopt;
 }
 
-DType parse_dtype(const std::string& s, const char* option) {
+DType parse_dtype(const std::string& s, const char* option, bool bf16 = false) {
   if (s == "float32") return DType::f32;
   if (s == "float64") return DType::f64;
-  throw UsageError(std::string(option) + " must be float32 or float64, not '" + s + "'");
+  if (bf16 && s == "bfloat16") return DType::bf16;
+  throw UsageError(std::string(option) + " must be float32" + (bf16 ? ", float64 or bfloat16" : " or float64") +
+                   ", not '" + s + "'");
 }
 
 /// The most elements an output the tool allocates may have (o, lse).
@@ -182,9 +185,10 @@ Problem validate(const Options& o) {
                                       " differs from " + p.q.path + "'s " +
                                       attn::dtype_name(in_dtype) + " (pass --dtype to convert)");
   }
-  p.storage = o.dtype.empty() ? in_dtype : parse_dtype(o.dtype, "--dtype");
-  p.out = o.out_dtype.empty() ? p.storage : parse_dtype(o.out_dtype, "--out-dtype");
-  p.compute = o.compute.empty() ? p.storage : parse_dtype(o.compute, "--compute");
+  p.storage = o.dtype.empty() ? in_dtype : parse_dtype(o.dtype, "--dtype", /*bf16=*/true);
+  const DType own = p.storage == DType::bf16 ? DType::f32 : p.storage;  // bfloat16: float32 files and arithmetic
+  p.out = o.out_dtype.empty() ? own : parse_dtype(o.out_dtype, "--out-dtype");
+  p.compute = o.compute.empty() ? own : parse_dtype(o.compute, "--compute");
   if (p.compute == DType::f32 && p.storage == DType::f64)
     throw UsageError(std::string("--compute float32 needs float32 storage, but the storage type is float64 (") +
                      (o.dtype.empty() ? "the inputs' dtype; pass --dtype float32 to convert them"
@@ -281,7 +285,10 @@ Problem validate(const Options& o) {
 
 template <class T>
 std::vector<T> convert(const std::vector<double>& x) {
-  return std::vector<T>(x.begin(), x.end());
+  std::vector<T> r;
+  r.reserve(x.size());
+  for (double v : x) r.push_back(T(v));  // bfloat16: through float32 (Eigen)
+  return r;
 }
 
 template <class T>
@@ -298,7 +305,7 @@ std::vector<std::size_t> shape_of(const Dims& d, bool four) {
 template <class T>
 void print_rows(const char* name, const std::vector<T>& x, index_t rows, index_t cols,
                 index_t limit) {
-  const int digits = std::is_same<T, float>::value ? 9 : 17;
+  const int digits = std::numeric_limits<T>::max_digits10;
   for (index_t i = 0; i < rows && i < limit; ++i) {
     std::printf("%s[%lld] =", name, static_cast<long long>(i));
     for (index_t j = 0; j < cols; ++j) std::printf(" % .*g", digits, double(x[i * cols + j]));
@@ -314,15 +321,16 @@ std::vector<std::string> compute(const Problem& p, const std::string& out_dir, i
   const std::vector<T> q = convert<T>(p.q.real), k = convert<T>(p.k.real), v = convert<T>(p.v.real);
   const Dims dq = p.dq, dk = p.dk, dv = p.dv;
   const Dims dout{dq.b, dq.h, dq.s, dv.d};
+  using A = continuum::accum_t<T>;  // lse, τ and dτ: float for bfloat16 storage
   std::vector<T> out(std::size_t(dout.b * dout.h * dout.s * dout.d));
-  std::vector<T> lse(std::size_t(dq.b * dq.h * dq.s));
-  const std::vector<T> tau = convert<T>(p.tau);
+  std::vector<A> lse(std::size_t(dq.b * dq.h * dq.s));
+  const std::vector<A> tau = convert<A>(p.tau);
   const std::size_t maps = p.probs ? std::size_t(dq.b * dq.h * dq.s * dk.s) : 0;
   std::vector<T> probs(maps), cell_mass(maps);
 
   using CView = continuum::TensorView<const T>;
   using View = continuum::TensorView<T>;
-  continuum::Temperature<T> temperature;
+  continuum::Temperature<A> temperature;
   temperature.shape = p.tshape;
   temperature.value = tau[0];
   temperature.data = p.tshape == continuum::TemperatureShape::scalar ? nullptr : tau.data();
@@ -356,7 +364,8 @@ std::vector<std::string> compute(const Problem& p, const std::string& out_dir, i
   }
   continuum::attention_forward(continuum::cpu, fa);
 
-  std::vector<T> gq, gk, gv, gtau;
+  std::vector<T> gq, gk, gv;
+  std::vector<A> gtau;
   if (p.has_do) {
     const std::vector<T> g = convert<T>(p.dout.real);
     gq.resize(q.size());
@@ -495,9 +504,11 @@ int main(int argc, char** argv) {
   window->excludes(left)->excludes(right);
   app.add_option("--ranges", o.ranges, "lo.npy hi.npy: per-query visible keys [lo, hi), int, [batch, seq_q]")
       ->expected(2);
-  app.add_option("--dtype", o.dtype, "storage type float32 | float64 the inputs are converted to (default: the inputs')");
+  app.add_option("--dtype", o.dtype,
+                 "storage type float32 | float64 | bfloat16 the inputs are converted to (default: the inputs'; "
+                 "bfloat16 computes in float32 and writes float32 files)");
   app.add_option("--compute", o.compute,
-                 "arithmetic float32 | float64 (default: the storage type's). float32: float32 storage only; "
+                 "arithmetic float32 | float64 (default: the storage type's; float32 for bfloat16). float32: not with float64 storage; "
                  "float64: double arithmetic, each output rounded once")
       ->check(CLI::IsMember({"float32", "float64"}))
       ->default_str("the storage type's");
@@ -531,8 +542,9 @@ int main(int argc, char** argv) {
     for (auto* req : {&o.q, &o.k, &o.v, &o.out})
       if (req->empty()) throw UsageError("--q, --k, --v and --out are required (see --help)");
     const Problem p = validate(o);
-    const auto written = p.storage == DType::f32 ? compute<float>(p, o.out, o.print_rows)
-                                                 : compute<double>(p, o.out, o.print_rows);
+    const auto written = p.storage == DType::f32    ? compute<float>(p, o.out, o.print_rows)
+                         : p.storage == DType::bf16 ? compute<continuum::bfloat16>(p, o.out, o.print_rows)
+                                                    : compute<double>(p, o.out, o.print_rows);
     std::printf("continuum-attn: kernel %s, storage %s, compute %s, wrote", o.kernel.c_str(),
                 attn::dtype_name(p.storage), attn::dtype_name(p.compute));
     for (const auto& f : written) std::printf(" %s", f.c_str());

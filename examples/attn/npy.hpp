@@ -51,13 +51,16 @@ struct NpyError : std::runtime_error {
       : std::runtime_error(path + ": " + problem) {}
 };
 
-enum class DType { f32, f64, i32, i64 };
+/// A file's element type, or (bf16) a storage type the tool converts to:
+/// .npy has no bfloat16, so no file is read or written as bf16.
+enum class DType { f32, f64, i32, i64, bf16 };
 
 inline const char* dtype_name(DType t) {
   switch (t) {
     case DType::f32: return "float32";
     case DType::f64: return "float64";
     case DType::i32: return "int32";
+    case DType::bf16: return "bfloat16";
     default: return "int64";
   }
 }
@@ -377,6 +380,7 @@ inline Array load_bytes(const std::string& bytes, const std::string& path) {
       case DType::f64: detail::decode<double>(bytes, h, path, a.real); break;
       case DType::i32: detail::decode<std::int32_t>(bytes, h, path, a.integer); break;
       case DType::i64: detail::decode<std::int64_t>(bytes, h, path, a.integer); break;
+      case DType::bf16: break;  // never a file's dtype (parse_header)
     }
   } catch (const NpyError&) {
     throw;

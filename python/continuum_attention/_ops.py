@@ -27,12 +27,13 @@ def cpu_isa() -> str:
 
 
 def supported_dtypes(device: Union[str, torch.device] = "cpu") -> Tuple[torch.dtype, ...]:
-    """The storage dtypes the operator accepts on ``device``: CPU float32 and
-    float64; CUDA (only when built with CONTINUUM_ATTENTION_CUDA=ON) float32,
-    float16 and bfloat16; nothing elsewhere."""
+    """The storage dtypes the operator accepts on ``device``: CPU float32,
+    float64 and bfloat16 (computed in float32, docs/MATH.md §10); CUDA (only
+    when built with CONTINUUM_ATTENTION_CUDA=ON) float32, float16 and
+    bfloat16; nothing elsewhere."""
     kind = torch.device(device).type
     if kind == "cpu":
-        return (torch.float32, torch.float64)
+        return (torch.float32, torch.float64, torch.bfloat16)
     if kind == "cuda" and WITH_CUDA:
         return (torch.float32, torch.float16, torch.bfloat16)
     return ()
@@ -126,8 +127,8 @@ def _check_inputs(query, key, value):
             raise ValueError(f"continuum_attention: {name} has dtype {t.dtype} but query has "
                              f"{query.dtype} (query, key and value share one dtype)")
     if query.device.type == "cpu" and query.dtype not in supported_dtypes("cpu"):
-        raise ValueError(f"continuum_attention: the CPU backend supports float32 and float64, "
-                         f"got {query.dtype} (16-bit storage is not available on the CPU yet)")
+        raise ValueError(f"continuum_attention: the CPU backend supports float32, float64 and "
+                         f"bfloat16, got {query.dtype}")
     if query.device.type == "cuda":
         if not WITH_CUDA:
             raise NotImplementedError(
@@ -151,10 +152,10 @@ def _check_compute(compute, query):
     if query.device.type == "cuda" and compute == "float64":
         raise ValueError("continuum_attention: compute='float64' is not available on CUDA (the "
                          "CUDA backend accumulates in float32); use compute=None or 'float32'")
-    if query.device.type == "cpu" and compute == "float32" and query.dtype != torch.float32:
-        raise ValueError(f"continuum_attention: compute='float32' needs float32 storage, query is "
-                         f"{query.dtype} (float64 storage computes in float64: use compute=None "
-                         f"or 'float64')")
+    if query.device.type == "cpu" and compute == "float32" and query.dtype == torch.float64:
+        raise ValueError(f"continuum_attention: compute='float32' needs float32 or bfloat16 storage, "
+                         f"query is {query.dtype} (float64 storage computes in float64: use "
+                         f"compute=None or 'float64')")
     return compute
 
 
@@ -203,17 +204,19 @@ def attention(
             packed documents). ``lo == hi`` is an empty row.
         temperature: τ > 0, a number or a tensor of the query's dtype and
             device: 0-d, per head [Hq], or per query [B, Hq, Lq]. A tensor that
-            requires grad receives dτ in its own shape. On CUDA with 16-bit
-            inputs a tensor temperature is float32 (the library's accumulator).
+            requires grad receives dτ in its own shape. With 16-bit inputs
+            (bfloat16 on the CPU; float16 and bfloat16 on CUDA) a tensor
+            temperature is float32 (the library's accumulator).
         scale: softmax scale (> 0); default 1/sqrt(D).
         return_lse: also return lse.
         compute: the arithmetic, forward and backward (the backward always
             runs with its forward's compute). None or "default": the storage
             dtype's own precision — float32 storage computes in float32,
-            float64 storage in float64. "float32": float32 arithmetic
-            (float32 storage only). "float64": float64 arithmetic, each
-            output rounded once to the storage dtype, for float32 or float64
-            storage. The library's one tiled kernel family runs in every
+            float64 storage in float64, bfloat16 storage (CPU) in float32
+            with each output rounded once to bfloat16 (lse and dτ stay
+            float32). "float32": float32 arithmetic (float32 or bfloat16
+            storage). "float64": float64 arithmetic, each output rounded once
+            to the storage dtype (bfloat16: through float32). The library's one tiled kernel family runs in every
             case (``continuum::Compute``). On CUDA, None, "default" and
             "float32" are the CUDA backend (float32 accumulation);
             "float64" is not available there. See Notes for speed and
@@ -229,7 +232,7 @@ def attention(
         ValueError: wrong ranks, mismatched shapes/heads, non-contiguous last
             axis, τ ≤ 0 or non-finite, scale ≤ 0, ranges out of [0, Lk] or
             lo > hi, unknown kernel, mixed devices or dtypes, unsupported dtype
-            (e.g. bfloat16 on the CPU), an unknown ``compute``,
+            (e.g. float16 on the CPU), an unknown ``compute``,
             ``compute="float32"`` with float64 storage, ``compute="float64"``
             on CUDA. Messages from the C++ library start
             with "continuum::attention_forward:" and name the argument.

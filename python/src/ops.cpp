@@ -84,8 +84,8 @@ continuum::Compute parse_compute(std::string_view compute, at::ScalarType st, bo
                       "accumulates in float32); use compute=\"default\" or \"float32\"");
     return continuum::Compute::automatic;
   }
-  TORCH_CHECK_VALUE(!(f32 && st != at::kFloat), kWho, ": compute=\"float32\" needs float32 "
-                    "storage, query is ", st, " (float64 storage computes in float64: use "
+  TORCH_CHECK_VALUE(!(f32 && st == at::kDouble), kWho, ": compute=\"float32\" needs float32 "
+                    "or bfloat16 storage, query is ", st, " (float64 storage computes in float64: use "
                     "compute=\"default\" or \"float64\")");
   if (f64) return continuum::Compute::float64;
   return f32 ? continuum::Compute::float32 : continuum::Compute::automatic;
@@ -110,9 +110,8 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool cuda = fa
   if (!cuda) {
     TORCH_CHECK_VALUE(q.device().is_cpu(), kWho, ": this kernel runs on the CPU, query is on ",
                       q.device());
-    TORCH_CHECK_VALUE(st == at::kFloat || st == at::kDouble, kWho,
-                      ": the CPU backend supports float32 and float64, got ", st,
-                      " (16-bit storage is not available on the CPU yet)");
+    TORCH_CHECK_VALUE(st == at::kFloat || st == at::kDouble || st == at::kBFloat16, kWho,
+                      ": the CPU backend supports float32, float64 and bfloat16, got ", st);
   } else {
     TORCH_CHECK_VALUE(q.device().is_cuda(), kWho, ": this kernel runs on CUDA, query is on ",
                       q.device());
@@ -126,6 +125,20 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool cuda = fa
 /// A view of `t` ([B, H, L, D]) for the library; strides copied as they are
 /// (the library rejects a non-unit last stride with its own message). A
 /// length-1 last axis has no meaningful stride in PyTorch: use 1.
+/// The library's storage type for a PyTorch element type: the same bits
+/// (c10::BFloat16 and continuum::bfloat16 are both bfloat16).
+template <class T>
+struct storage {
+  using type = T;
+};
+template <>
+struct storage<c10::BFloat16> {
+  using type = continuum::bfloat16;
+};
+template <class T>
+using storage_t = typename storage<T>::type;
+static_assert(sizeof(c10::BFloat16) == sizeof(continuum::bfloat16), "bfloat16 layouts differ");
+
 template <class T>
 continuum::TensorView<T> view(const Tensor& t) {
   const index_t sd = t.size(3) == 1 ? 1 : t.stride(3);
@@ -241,16 +254,18 @@ std::tuple<Tensor, Tensor> forward_cpu(const Tensor& query, const Tensor& key, c
                                  temperature_value, scale);
   const int64_t B = query.size(0), Hq = query.size(1), Lq = query.size(2), Dv = value.size(3);
   Tensor out = at::empty({B, Hq, Lq, Dv}, query.options());
-  Tensor lse = at::empty({B, Hq, Lq}, query.options());
-  AT_DISPATCH_FLOATING_TYPES(query.scalar_type(), "continuum::forward", [&] {
-    continuum::ForwardArgs<scalar_t> a;
-    a.query = view<const scalar_t>(query);
-    a.key = view<const scalar_t>(key);
-    a.value = view<const scalar_t>(value);
-    a.out = view<scalar_t>(out);
-    a.lse = lse.data_ptr<scalar_t>();
+  Tensor lse = at::empty({B, Hq, Lq}, query.options().dtype(accum_type(query.scalar_type())));
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, query.scalar_type(), "continuum::forward", [&] {
+    using E = storage_t<scalar_t>;
+    using A = continuum::accum_t<E>;
+    continuum::ForwardArgs<E> a;
+    a.query = view<const E>(query);
+    a.key = view<const E>(key);
+    a.value = view<const E>(value);
+    a.out = view<E>(out);
+    a.lse = lse.data_ptr<A>();
     a.kernel = o.kernel;
-    a.temperature = temperature_of<scalar_t>(o);
+    a.temperature = temperature_of<A>(o);
     a.scale = o.scale;
     a.visibility = o.vis;
     a.compute = compute_type;
@@ -269,7 +284,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(
   check_qkv(query, key, value);
   check_tensor(out, "out", 4, query);
   check_tensor(grad_out_in, "grad_out", 4, query);
-  check_tensor(lse, "lse", 3, query);
+  TORCH_CHECK_VALUE(lse.defined() && lse.dim() == 3 && lse.device() == query.device() &&
+                        lse.scalar_type() == accum_type(query.scalar_type()),
+                    kWho, ": lse must be the forward's [B, Hq, Lq] ", accum_type(query.scalar_type()),
+                    " tensor on ", query.device());
   const continuum::Compute compute_type = parse_compute(std::string_view(compute.data(), compute.size()),
                                               query.scalar_type(), /*cuda=*/false);
   // Autograd hands in expanded (stride-0) or transposed gradients; the library
@@ -282,23 +300,25 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(
   Tensor dq = at::empty(query.sizes(), query.options());
   Tensor dk = at::empty(key.sizes(), key.options());
   Tensor dv = at::empty(value.sizes(), value.options());
-  Tensor dt = o.temperature.defined() ? at::empty(o.temperature.sizes(), query.options())
-                                      : at::empty({0}, query.options());
+  const auto acc = query.options().dtype(accum_type(query.scalar_type()));
+  Tensor dt = o.temperature.defined() ? at::empty(o.temperature.sizes(), acc) : at::empty({0}, acc);
   const Tensor lse_c = lse.contiguous();
-  AT_DISPATCH_FLOATING_TYPES(query.scalar_type(), "continuum::backward", [&] {
-    continuum::BackwardArgs<scalar_t> a;
-    a.query = view<const scalar_t>(query);
-    a.key = view<const scalar_t>(key);
-    a.value = view<const scalar_t>(value);
-    a.out = view<const scalar_t>(out);
-    a.grad_out = view<const scalar_t>(grad_out);
-    a.lse = lse_c.data_ptr<scalar_t>();
-    a.grad_query = view<scalar_t>(dq);
-    a.grad_key = view<scalar_t>(dk);
-    a.grad_value = view<scalar_t>(dv);
-    a.grad_temperature = o.temperature.defined() ? dt.data_ptr<scalar_t>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, query.scalar_type(), "continuum::backward", [&] {
+    using E = storage_t<scalar_t>;
+    using A = continuum::accum_t<E>;
+    continuum::BackwardArgs<E> a;
+    a.query = view<const E>(query);
+    a.key = view<const E>(key);
+    a.value = view<const E>(value);
+    a.out = view<const E>(out);
+    a.grad_out = view<const E>(grad_out);
+    a.lse = lse_c.data_ptr<A>();
+    a.grad_query = view<E>(dq);
+    a.grad_key = view<E>(dk);
+    a.grad_value = view<E>(dv);
+    a.grad_temperature = o.temperature.defined() ? dt.data_ptr<A>() : nullptr;
     a.kernel = o.kernel;
-    a.temperature = temperature_of<scalar_t>(o);
+    a.temperature = temperature_of<A>(o);
     a.scale = o.scale;
     a.visibility = o.vis;
     a.compute = compute_type;

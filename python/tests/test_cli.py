@@ -100,3 +100,26 @@ def test_bitwise_equal_to_cli(tmp_path, case, dtype, compute):
         theirs = load(name)
         assert theirs.dtype == ours.dtype and theirs.shape == ours.shape, name
         assert torch.equal(ours.detach(), theirs), name  # bitwise (no NaN here)
+
+
+def test_cli_bfloat16_equals_the_operator(tmp_path):
+    """--dtype bfloat16 (float32 files in and out) is the PyTorch operator's
+    bfloat16 call, bit for bit: the same values, the same float32 kernels, each
+    output rounded once to bfloat16 (written exactly as float32)."""
+    B, Hq, Hk, L, D = 1, 4, 2, 11, 8
+    q, k, v, do = (uniform(B, h, L, D, dtype=torch.float32).bfloat16() for h in (Hq, Hk, Hk, Hq))
+    args = [CLI, "--kernel", "continuum", "--causal", "--temperature", "0.3", "--dtype", "bfloat16",
+            "--out", str(tmp_path / "out"), "--threads", "1"]
+    for n, t in (("q", q), ("k", k), ("v", v), ("do", do)):
+        np.save(tmp_path / f"{n}.npy", t.float().numpy())
+        args += [f"--{n}", str(tmp_path / f"{n}.npy")]
+    r = subprocess.run(args, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "storage bfloat16, compute float32" in r.stdout
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    out, lse = ca.attention(qq, kk, vv, causal=True, temperature=0.3, return_lse=True)
+    out.backward(do)
+    for name, ours in (("o", out), ("lse", lse), ("dq", qq.grad), ("dk", kk.grad), ("dv", vv.grad)):
+        got = np.load(tmp_path / "out" / f"{name}.npy")
+        assert got.dtype == np.float32
+        assert np.array_equal(got, ours.detach().float().numpy()), name

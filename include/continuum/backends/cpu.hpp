@@ -8,7 +8,10 @@
 //     computed on those rows only (cpu/widen.hpp);
 //   float storage, float64 compute: the whole call converted to double, the
 //     kernels in double, each output rounded once;
-//   double storage: the kernels in double.
+//   double storage: the kernels in double;
+//   bfloat16 storage (cpu/bfloat16.hpp): the call converted to float (or to
+//     double with Compute::float64) once, the kernels in that type, each
+//     output rounded once to bfloat16 (lse and dτ stay float).
 // Rows that double cannot hold (raw scores beyond DBL_MAX, scores beyond 4096
 // from a tiny τ: MATH.md §10, appendix A W12, W13) go on to the same kernels
 // in long double. Rows that see a NaN or an Inf get NaN outputs (tiled.hpp,
@@ -21,6 +24,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "cpu/bfloat16.hpp"
 #include "cpu/tiled.hpp"
 #include "cpu/widen.hpp"
 #include "cpu/isa.hpp"
@@ -133,35 +137,41 @@ void backward_declined(const BackwardArgs<T>& a, const AttentionShape& sh, doubl
 /// compiled for this translation unit's instruction set (isa.hpp).
 template <class T, class Stencil>
 void run_forward(const ForwardArgs<T>& args, const AttentionShape& shape, double scale) {
-  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
-                "continuum CPU backend: T must be float or double");
-  if constexpr (std::is_same<T, float>::value)
-    if (args.compute == Compute::float64) {
-      forward_widened<double, Stencil>(args, shape, scale, nullptr);
-      return;
-    }
-  tiled::forward_tiled<T, Stencil>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
-    forward_declined<T, Stencil>(args, shape, scale, rows);
-  });
+  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value || std::is_same<T, bfloat16>::value,
+                "continuum CPU backend: T must be float, double or continuum::bfloat16");
+  if constexpr (!std::is_same<T, double>::value) {  // float or bfloat16 storage
+    if (args.compute == Compute::float64) return forward_widened<double, Stencil>(args, shape, scale, nullptr);
+    if constexpr (std::is_same<T, bfloat16>::value)  // storage only: computed in float
+      return forward_widened<float, Stencil>(args, shape, scale, nullptr);
+  }
+  if constexpr (!std::is_same<T, bfloat16>::value)
+    tiled::forward_tiled<T, Stencil>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
+      forward_declined<T, Stencil>(args, shape, scale, rows);
+    });
 }
 
 /// The CPU backward of one validated call (attention_impl<cpu_t>::backward).
 template <class T, class Stencil>
 void run_backward(const BackwardArgs<T>& args, const AttentionShape& shape, double scale) {
-  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
-                "continuum CPU backend: T must be float or double");
+  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value || std::is_same<T, bfloat16>::value,
+                "continuum CPU backend: T must be float, double or continuum::bfloat16");
   std::vector<double> dtau_rows;
   bool done = false;
-  if constexpr (std::is_same<T, float>::value)
+  if constexpr (!std::is_same<T, double>::value) {  // float or bfloat16 storage
     if (args.compute == Compute::float64) {
       backward_widened<double, Stencil>(args, shape, scale, nullptr, dtau_rows);
       done = true;
+    } else if constexpr (std::is_same<T, bfloat16>::value) {  // storage only: computed in float
+      backward_widened<float, Stencil>(args, shape, scale, nullptr, dtau_rows);
+      done = true;
     }
-  if (!done)
-    dtau_rows = tiled::backward_tiled<T, Stencil>(
-        args, scale, nullptr, [&](const std::vector<index_t>& rows, std::vector<double>& dt) {
-          backward_declined<T, Stencil>(args, shape, scale, rows, dt);
-        });
+  }
+  if constexpr (!std::is_same<T, bfloat16>::value)
+    if (!done)
+      dtau_rows = tiled::backward_tiled<T, Stencil>(
+          args, scale, nullptr, [&](const std::vector<index_t>& rows, std::vector<double>& dt) {
+            backward_declined<T, Stencil>(args, shape, scale, rows, dt);
+          });
   if (args.grad_temperature) tiled::write_grad_temperature(args, dtau_rows);
 }
 

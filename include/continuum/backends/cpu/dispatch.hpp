@@ -14,6 +14,7 @@
 #include "../../attention/params.hpp"
 #include "../../attention/validate.hpp"
 #include "../../math/density.hpp"
+#include "bfloat16.hpp"
 
 namespace continuum {
 namespace cpu_dispatch {
@@ -68,6 +69,8 @@ struct KernelTable {
   Forward<double> forward_double[2];
   Backward<float> backward_float[2];
   Backward<double> backward_double[2];
+  Forward<bfloat16> forward_bf16[2];
+  Backward<bfloat16> backward_bf16[2];
 };
 
 }  // namespace cpu_dispatch

@@ -1455,13 +1455,13 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
 template <class T>
 void write_grad_temperature(const BackwardArgs<T>& a, const std::vector<double>& dtau_rows) {
   if (a.temperature.shape == TemperatureShape::per_query) {
-    for (std::size_t i = 0; i < dtau_rows.size(); ++i) a.grad_temperature[i] = T(dtau_rows[i]);
+    for (std::size_t i = 0; i < dtau_rows.size(); ++i) a.grad_temperature[i] = accum_t<T>(dtau_rows[i]);
     return;
   }
   const detail::GradTemperatureOrder order{a.temperature.shape, a.query.batch, a.query.heads, a.query.seq};
   for (index_t out = 0; out < order.outputs(); ++out)
-    a.grad_temperature[out] =
-        T(detail::fixed_order_sum<double>(order, out, [&](index_t row) { return dtau_rows[std::size_t(row)]; }));
+    a.grad_temperature[out] = accum_t<T>(
+        detail::fixed_order_sum<double>(order, out, [&](index_t row) { return dtau_rows[std::size_t(row)]; }));
 }
 
 /// The tiled backward over every (batch, KV head); returns the per-row dτ

@@ -1,0 +1,199 @@
+// bfloat16 storage on the CPU (backends/cpu/bfloat16.hpp, docs/MATH.md §10):
+// the call is converted to float once, the float kernels run, and each output
+// is rounded once to bfloat16 (lse and dτ stay float).
+//
+// Error bound, derived: the inputs are bfloat16, so the reference is fed
+// exactly those values (the rounding of the caller's data to bfloat16 is the
+// caller's, not the operator's). The float computation then has the float
+// bounds of harness.hpp (forward_tolerance / backward_tolerance), and rounding
+// an output x to bfloat16 (8 significant bits, round to nearest even) adds at
+// most u·|x| with u = 2^-8. Relative to each tensor's max-abs:
+//   out, dQ, dK, dV:  float bound + 2^-8;   lse, dτ (float):  the float bound.
+// With Compute::float64 the double result is rounded to float, then to
+// bfloat16: 2^-8 + 2^-24 + the double bound.
+#include <catch2/catch.hpp>
+
+#include "operator/harness.hpp"
+
+using namespace harness;
+using continuum::bfloat16;
+using continuum::index_t;
+
+namespace {
+
+/// A bfloat16 copy of a float test tensor, same layout (padding included).
+struct Bf16Tensor {
+  std::vector<bfloat16> buf;
+  continuum::TensorView<bfloat16> view;
+  explicit Bf16Tensor(const Tensor<float>& t) : buf(t.buf.size()) {
+    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = bfloat16(t.buf[i]);
+    const auto& v = t.view;
+    view = {buf.data(), v.batch, v.heads, v.seq, v.dim, v.stride_batch, v.stride_head, v.stride_seq, v.stride_dim};
+  }
+  std::vector<float> contiguous() const {
+    std::vector<float> out;
+    for (index_t b = 0; b < view.batch; ++b)
+      for (index_t h = 0; h < view.heads; ++h)
+        for (index_t s = 0; s < view.seq; ++s)
+          for (index_t d = 0; d < view.dim; ++d) out.push_back(float(view.row(b, h, s)[d]));
+    return out;
+  }
+};
+
+/// Rounds every input of c to bfloat16 in place (so that c's reference problem
+/// is the one the bfloat16 call computes).
+void round_inputs(Case<float>& c) {
+  auto f = [](float& x) { x = float(bfloat16(x)); };
+  c.q.for_each(f);
+  c.k.for_each(f);
+  c.v.for_each(f);
+  c.dout.for_each(f);
+}
+
+void setup(Case<float>& c, int shape, int vis, int kernel, std::uint64_t salt) {
+  static const index_t L[][2] = {{33, 70}, {1, 140}, {70, 70}};
+  c.B = 2;
+  c.Hq = 4;
+  c.Hk = shape == 1 ? 1 : 2;  // GQA
+  c.Lq = L[shape][0];
+  c.Lk = L[shape][1];
+  c.D = 16;
+  c.Dv = shape == 2 ? 8 : 16;
+  c.bshd = shape == 2;
+  c.vis = visibility_code(vis);
+  c.kernel = kernel == 0 ? continuum::Kernel::continuum : continuum::Kernel::softmax;
+  c.tau = 0.3f;
+  c.alloc();
+  auto rng = rng_for(salt);
+  c.fill_uniform(rng);
+  round_inputs(c);
+}
+
+struct Bf16Call {
+  Bf16Tensor q, k, v, dout, o, dq, dk, dv;
+  explicit Bf16Call(const Case<float>& c)
+      : q(c.q), k(c.k), v(c.v), dout(c.dout), o(c.o), dq(c.dq), dk(c.dk), dv(c.dv) {}
+};
+
+/// The options of c's float call, for a bfloat16 call (accum_t<bfloat16> is
+/// float: the temperature is the same).
+template <class Args>
+void copy_options(Case<float>& c, Args& a) {
+  const auto f = c.forward_args();
+  a.kernel = f.kernel;
+  a.temperature = f.temperature;
+  a.scale = f.scale;
+  a.visibility = f.visibility;
+  a.compute = c.compute;
+  a.num_threads = c.threads;
+}
+
+void forward_bf16(Case<float>& c, Bf16Call& x, std::vector<float>& lse) {
+  continuum::ForwardArgs<bfloat16> a;
+  copy_options(c, a);
+  a.query = x.q.view;
+  a.key = x.k.view;
+  a.value = x.v.view;
+  a.out = x.o.view;
+  lse.assign(c.lse.size(), std::numeric_limits<float>::quiet_NaN());
+  a.lse = lse.data();
+  continuum::attention_forward(continuum::cpu, a);
+}
+
+void backward_bf16(Case<float>& c, Bf16Call& x, std::vector<float>& dtau) {
+  continuum::BackwardArgs<bfloat16> a;
+  copy_options(c, a);
+  a.query = x.q.view;
+  a.key = x.k.view;
+  a.value = x.v.view;
+  a.out = x.o.view;
+  a.grad_out = x.dout.view;
+  a.grad_query = x.dq.view;
+  a.grad_key = x.dk.view;
+  a.grad_value = x.dv.view;
+  dtau.assign(1, std::numeric_limits<float>::quiet_NaN());
+  a.grad_temperature = dtau.data();
+  continuum::attention_backward(continuum::cpu, a);
+}
+
+}  // namespace
+
+TEST_CASE("bfloat16 storage: forward and backward within one bfloat16 rounding of the float bound",
+          "[operator][bfloat16]") {
+  use_mp_precision();
+  const int shape = GENERATE(0, 1, 2);
+  const int vis = GENERATE(0, 4, 6);  // full, causal window of 5, window (0, 2)
+  const int kernel = GENERATE(0, 1);
+  const bool in_double = GENERATE(false, true);
+  Case<float> c;
+  setup(c, shape, vis, kernel, 1000 + 10 * shape + vis);
+  c.compute = in_double ? continuum::Compute::float64 : continuum::Compute::automatic;
+  Bf16Call x(c);
+  std::vector<float> lse, dtau;
+  forward_bf16(c, x, lse);
+  backward_bf16(c, x, dtau);
+
+  const auto p = c.problem<mp>();
+  const auto f = continuum::reference::forward(p);
+  const auto g = continuum::reference::backward(p, c.grad_out_ref<mp>());
+  const double max_s = max_abs(f.scores);
+  const double u = std::ldexp(1.0, -8);
+  const double ftol = in_double ? std::ldexp(1.0, -24) + forward_tolerance<double>(max_s, c.D)
+                                : forward_tolerance<float>(max_s, c.D);
+  const double btol = in_double ? std::ldexp(1.0, -24) + backward_tolerance<double>(max_s, c.D)
+                                : backward_tolerance<float>(max_s, c.D);
+  const std::string label = std::string("bfloat16") + (in_double ? "/compute float64" : "");
+  INFO(label << " shape " << shape << " vis " << vis << " kernel " << kernel << " max|s| " << max_s);
+
+  const Error out = compare(x.o.contiguous(), f.out), l = compare(lse, f.lse);
+  record("forward out " + label, out.rel());
+  CHECK(out.max_abs <= (ftol + u) * out.ref_scale);
+  CHECK(l.max_abs <= ftol * std::max(1.0, l.ref_scale));
+
+  const Error dq = compare(x.dq.contiguous(), g.grad_query), dk = compare(x.dk.contiguous(), g.grad_key),
+              dv = compare(x.dv.contiguous(), g.grad_value), dt = compare(dtau, g.grad_temperature);
+  record("backward dQ " + label, dq.rel());
+  record("backward dK " + label, dk.rel());
+  record("backward dV " + label, dv.rel());
+  record("backward dtau " + label, dt.rel());
+  CHECK(dq.max_abs <= (btol + u) * dq.ref_scale);
+  CHECK(dk.max_abs <= (btol + u) * dk.ref_scale);
+  CHECK(dv.max_abs <= (btol + u) * dv.ref_scale);
+  CHECK(dt.max_abs <= btol * std::max(dt.ref_scale, 1e-300));
+}
+
+TEST_CASE("bfloat16 storage: hidden keys never change a bit, and the thread count neither",
+          "[operator][bfloat16]") {
+  // Explicit ranges end 5 keys early: the last 5 keys and values are hidden
+  // from every query. NaN, Inf and 1e30 there must leave every output and
+  // gradient bitwise as with zeros; 1, 2 and 3 threads give the same bits.
+  const int kernel = GENERATE(0, 1);
+  Case<float> c;
+  setup(c, 0, 0, kernel, 77);
+  c.range_lo.assign(std::size_t(c.B * c.Lq), 0);
+  c.range_hi.assign(std::size_t(c.B * c.Lq), c.Lk - 5);
+  std::vector<std::vector<float>> first;
+  for (float junk : {0.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 1e30f})
+    for (int threads : {1, 2, 3}) {
+      c.threads = threads;
+      for (index_t b = 0; b < c.B; ++b)
+        for (index_t h = 0; h < c.Hk; ++h)
+          for (index_t j = c.Lk - 5; j < c.Lk; ++j)
+            for (index_t d = 0; d < c.D; ++d) {
+              c.k.view.row(b, h, j)[d] = junk;
+              c.v.view.row(b, h, j)[d] = junk;
+            }
+      Bf16Call x(c);
+      std::vector<float> lse, dtau;
+      forward_bf16(c, x, lse);
+      backward_bf16(c, x, dtau);
+      const std::vector<std::vector<float>> now = {x.o.contiguous(),  lse, x.dq.contiguous(),
+                                                   x.dk.contiguous(), x.dv.contiguous(), dtau};
+      INFO("kernel " << kernel << " junk " << junk << " threads " << threads);
+      if (first.empty()) {
+        first = now;
+        continue;
+      }
+      for (std::size_t t = 0; t < now.size(); ++t) CHECK(bitwise_equal(now[t], first[t]));
+    }
+}
