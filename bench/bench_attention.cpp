@@ -54,7 +54,11 @@
 #include <map>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
+#if defined(__x86_64__)
+#  include <immintrin.h>
+#endif
 
 #if defined(_OPENMP)
 #  include <omp.h>
@@ -145,7 +149,7 @@ template <class T>
 double fma_kernel(long iters, T seed) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   const std::string isa = kernel_isa();
-  if (isa == "avx512") return fma_512<T>(iters, seed);
+  if (isa == "avx512" || isa == "amx") return fma_512<T>(iters, seed);
   if (isa == "avx2" || isa == "avx+fma") return fma_256<T>(iters, seed);
 #endif
   return fma_128<T>(iters, seed);
@@ -171,6 +175,77 @@ double measure_peak(int threads) {
   return best;
 }
 
+/// The AMX-BF16 tile peak: four independent tdpbf16ps chains (16 × 16 × 32
+/// multiply-adds each) on register-resident tiles, per thread; the FLOPs done.
+#if defined(__x86_64__) && defined(__linux__) && \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
+#  define BENCH_AMX 1
+__attribute__((noinline, target("amx-tile,amx-bf16"))) double amx_loop(long iters) {
+  struct alignas(64) Config {
+    unsigned char palette, start;
+    unsigned char reserved[14];
+    unsigned short colsb[16];
+    unsigned char rows[16];
+  };
+  static const Config cfg = [] {
+    Config c{};
+    c.palette = 1;
+    for (int t = 0; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = 16;
+    return c;
+  }();
+  alignas(64) static const unsigned short ab[16 * 32] = {0x3c00};  // bfloat16 bits; mostly zero
+  asm volatile("" ::: "memory");
+  _tile_loadconfig(&cfg);
+  _tile_loadd(4, ab, 64);
+  _tile_loadd(5, ab, 64);
+  _tile_loadd(6, ab, 64);
+  _tile_loadd(7, ab, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (long i = 0; i < iters; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) float out[16 * 16];
+  _tile_stored(0, out, 64);
+  _tile_release();
+  benchmark::DoNotOptimize(out[0]);
+  return 4.0 * 2.0 * 16 * 16 * 32 * double(iters);
+}
+#endif
+
+/// The peak of the unit that runs bfloat16 products: AMX tiles when the
+/// kernels are "amx" (best of three ~50 ms trials), else float FMA (the
+/// vector path converts bfloat16 to float).
+double measure_peak_bf16(int threads) {
+#if defined(BENCH_AMX)
+  if (std::string(kernel_isa()) == "amx") {
+    double best = 0;
+    for (int trial = 0; trial < 3; ++trial) {
+      const auto t0 = std::chrono::steady_clock::now();
+      double flops = 0;
+#  if defined(_OPENMP)
+#    pragma omp parallel num_threads(threads) reduction(+ : flops)
+#  endif
+      flops += amx_loop(2'000'000);
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      best = std::max(best, flops / dt);
+    }
+    return best;
+  }
+#endif
+  return measure_peak<float>(threads);
+}
+
+/// The unit bfloat16 products run on: "amx" or "float FMA (<isa>)".
+std::string bf16_unit() {
+  return std::string(kernel_isa()) == "amx" ? "amx-bf16 tiles" : std::string("float FMA, ") + kernel_isa();
+}
+
 /// Peaks measured once at start-up, keyed by (bytes of T, threads).
 std::map<std::pair<int, int>, double>& peaks() {
   static std::map<std::pair<int, int>, double> p;
@@ -181,7 +256,12 @@ double peak(int threads) {
   auto& p = peaks();
   const auto key = std::make_pair(int(sizeof(T)), threads);
   auto it = p.find(key);
-  if (it == p.end()) it = p.emplace(key, measure_peak<T>(threads)).first;
+  if (it == p.end()) {
+    if constexpr (std::is_same<T, continuum::bfloat16>::value)
+      it = p.emplace(key, measure_peak_bf16(threads)).first;
+    else
+      it = p.emplace(key, measure_peak<T>(threads)).first;
+  }
   return it->second;
 }
 
@@ -215,7 +295,7 @@ std::vector<T> uniform(std::size_t n, unsigned seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(-1.0, 1.0);
   std::vector<T> v(n);
-  for (auto& x : v) x = T(u(rng));
+  for (auto& x : v) x = T(float(u(rng)));
   return v;
 }
 
@@ -240,14 +320,15 @@ double visible_pairs(long n, Vis vis) {
 template <class T>
 struct Problem {
   long n, d;
-  std::vector<T> q, k, v, o, lse, dout, dq, dk, dv;
+  std::vector<T> q, k, v, o, dout, dq, dk, dv;
+  std::vector<continuum::accum_t<T>> lse;
   Problem(long n_, long d_, bool backward) : n(n_), d(d_) {
     const std::size_t sz = std::size_t(kBatch) * kHeads * n * d;
     q = uniform<T>(sz, 42);
     k = uniform<T>(sz, 43);
     v = uniform<T>(sz, 44);
     o.assign(sz, T(0));
-    lse.assign(std::size_t(kBatch) * kHeads * n, T(0));
+    lse.assign(std::size_t(kBatch) * kHeads * n, 0);
     if (backward) {
       dout = uniform<T>(sz, 45);
       dq.assign(sz, T(0));
@@ -318,7 +399,7 @@ void BM_attention(benchmark::State& st, continuum::Kernel kernel, Vis vis, bool 
   // focal at the operator level is softmax at a fixed temperature t < 1 (MATH.md §8);
   // 0.4 is the focal paper's best. The paper runs every method at τ = 0.3; the
   // cost does not depend on τ, so the other kernels keep τ = 1.
-  if (kernel == continuum::Kernel::focal) fa.temperature.value = T(0.4);
+  if (kernel == continuum::Kernel::focal) fa.temperature.value = continuum::accum_t<T>(0.4);
   fa.visibility = make_visibility(vis);
   fa.num_threads = threads;
   fa.compute = float_arith ? continuum::Compute::automatic : continuum::Compute::float64;
@@ -478,7 +559,7 @@ void BM_eigen(benchmark::State& st, bool materialize) {
 // ---------------------------------------------------------------------------
 template <class T>
 const char* type_name() {
-  return sizeof(T) == 4 ? "f32" : "f64";
+  return sizeof(T) == 2 ? "bf16" : sizeof(T) == 4 ? "f32" : "f64";
 }
 
 void register_all() {
@@ -536,6 +617,16 @@ void register_all() {
         const std::string name = std::string("attention/") + continuum::kernel_name(k) + "/" +
                                  vis_name(v) + (bwd ? "/fwdbwd" : "/fwd") + "/f64";
         shape(benchmark::RegisterBenchmark(name.c_str(), BM_attention<double>, k, v, bwd, true), N, D, 2);
+      }
+  // bfloat16 storage (float accumulation; products on AMX where "amx" runs):
+  // every kernel, full and causal, fwd and fwd+bwd, 2 threads.
+  for (bool bwd : {false, true})
+    for (Kernel k : kernels)
+      for (Vis v : {Vis::full, Vis::causal}) {
+        const std::string name = std::string("attention/") + continuum::kernel_name(k) + "/" + vis_name(v) +
+                                 (bwd ? "/fwdbwd" : "/fwd") + "/bf16";
+        shape(benchmark::RegisterBenchmark(name.c_str(), BM_attention<continuum::bfloat16>, k, v, bwd, true), N,
+              D, 2);
       }
   // Sequence scaling: continuum forward, full, 1 and 2 threads, tiled kernels
   // (2048 is above). Compute::float64 is measured at 2048 only.
@@ -611,6 +702,10 @@ int main(int argc, char** argv) {
   }
   benchmark::AddCustomContext("cpu_model", cpu_model());
   benchmark::AddCustomContext("isa", kernel_isa());
+  for (int th : {1, 2})
+    benchmark::AddCustomContext("peak_bf16_threads" + std::to_string(th),
+                                std::to_string(peak<continuum::bfloat16>(th)));
+  benchmark::AddCustomContext("bf16_unit", bf16_unit());
   register_all();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -17,7 +17,10 @@
 namespace continuum {
 namespace cpu_sse2 { namespace cpu_detail { extern const cpu_dispatch::KernelTable kernel_table; } }
 namespace cpu_avx2 { namespace cpu_detail { extern const cpu_dispatch::KernelTable kernel_table; } }
-namespace cpu_avx512 { namespace cpu_detail { extern const cpu_dispatch::KernelTable kernel_table; } }
+namespace cpu_avx512 { namespace cpu_detail {
+extern const cpu_dispatch::KernelTable kernel_table;
+extern const cpu_dispatch::KernelTable kernel_table_amx;
+} }
 }  // namespace continuum
 
 namespace continuum {
@@ -26,7 +29,8 @@ namespace {
 
 const KernelTable* const kTables[kIsaCount] = {&cpu_sse2::cpu_detail::kernel_table,
                                                &cpu_avx2::cpu_detail::kernel_table,
-                                               &cpu_avx512::cpu_detail::kernel_table};
+                                               &cpu_avx512::cpu_detail::kernel_table,
+                                               &cpu_avx512::cpu_detail::kernel_table_amx};
 
 Isa best_supported() {
   for (int i = kIsaCount - 1; i > 0; --i)
@@ -70,6 +74,7 @@ const char* name(Isa isa) {
     case Isa::sse2: return "sse2";
     case Isa::avx2: return "avx2";
     case Isa::avx512: return "avx512";
+    case Isa::amx: return "amx";
   }
   return "?";
 }
@@ -77,7 +82,7 @@ const char* name(Isa isa) {
 Isa parse(const std::string& text) {
   for (int i = 0; i < kIsaCount; ++i)
     if (text == name(Isa(i))) return Isa(i);
-  throw std::invalid_argument("unknown instruction set '" + text + "' (expected sse2, avx2 or avx512)");
+  throw std::invalid_argument("unknown instruction set '" + text + "' (expected sse2, avx2, avx512 or amx)");
 }
 
 bool supported(Isa isa) {
@@ -91,6 +96,8 @@ bool supported(Isa isa) {
       return supported(Isa::avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512cd");
+    case Isa::amx:  // the tile permission is asked by the avx512 object's own check (AVX-512 code)
+      return supported(Isa::avx512) && kTables[int(Isa::amx)]->usable();
   }
   return false;
 }

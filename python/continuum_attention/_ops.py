@@ -18,7 +18,8 @@ WITH_CUDA = bool(_C.with_cuda)
 
 
 def cpu_isa() -> str:
-    """The instruction set of the CPU kernels this operator runs: ``"avx512"``,
+    """The instruction set of the CPU kernels this operator runs: ``"amx"``
+    (``"avx512"`` with bfloat16 tile products on AMX-BF16), ``"avx512"``,
     ``"avx2"`` or ``"sse2"``, chosen from the running CPU at the first call (the
     environment variable ``CONTINUUM_CPU_ISA`` may name a lower one), without
     any ``-march`` flag at build time (docs/MATH.md §10, "Instruction sets").

@@ -11,7 +11,22 @@
 //   out, dQ, dK, dV:  float bound + 2^-8;   lse, dτ (float):  the float bound.
 // With Compute::float64 the double result is rounded to float, then to
 // bfloat16: 2^-8 + 2^-24 + the double bound.
+//
+// On AMX (cpu_dispatch's "amx", backends/cpu/amx.hpp) the forward's P·V
+// product takes the weights rounded to bfloat16, W̃_j = W_j (1 + δ_j) with
+// |δ_j| ≤ u, while l = Σ W_j stays float: the output moves by at most
+// |Σ_j W_j δ_j v_j| / l ≤ u · max_j |v_j|, one more u · max|v| in absolute
+// terms. (Q·K's products are exact in float; the sum and c_i ⊗ S_raw have the
+// float bound's form.) The instruction flushes denormal inputs and outputs to
+// zero: a flushed term is below 2^-126 · max|v| in absolute size, far below
+// the bound here; the concentrated case below (τ = 0.01, scores 100s apart)
+// has weights far into that range and is held to the same bound.
 #include <catch2/catch.hpp>
+
+#include <cfloat>
+#if defined(__x86_64__)
+#  include <xmmintrin.h>
+#endif
 
 #include "operator/harness.hpp"
 
@@ -116,11 +131,45 @@ void backward_bf16(Case<float>& c, Bf16Call& x, std::vector<float>& dtau) {
   continuum::attention_backward(continuum::cpu, a);
 }
 
+#if defined(CONTINUUM_CPU_DISPATCH)
+namespace cd = continuum::cpu_dispatch;
+/// The bfloat16 units this CPU can run: the vector path (the best non-AMX
+/// kernels) and AMX where the CPU and Linux allow it; skips are reported.
+std::vector<cd::Isa> bf16_units() {
+  std::vector<cd::Isa> out;
+  for (cd::Isa i : {cd::Isa::avx512, cd::Isa::avx2, cd::Isa::sse2})
+    if (cd::supported(i)) {
+      out.push_back(i);
+      break;
+    }
+  if (cd::supported(cd::Isa::amx)) out.push_back(cd::Isa::amx);
+  else WARN("skipped: bfloat16 on AMX (this CPU or kernel has no AMX-BF16 tiles for this process)");
+  return out;
+}
+struct RestoreIsa {
+  cd::Isa saved = cd::selected();
+  ~RestoreIsa() { cd::select(saved); }
+};
+bool on_amx() { return cd::selected() == cd::Isa::amx; }
+#else
+bool on_amx() { return continuum::cpu_detail::amx::usable(); }
+#endif
+
+double max_abs_of(const Tensor<float>& t) {
+  double m = 0;
+  for (float x : t.buf) m = std::max(m, double(std::fabs(x)));
+  return m;
+}
+
 }  // namespace
 
 TEST_CASE("bfloat16 storage: forward and backward within one bfloat16 rounding of the float bound",
           "[operator][bfloat16]") {
   use_mp_precision();
+#if defined(CONTINUUM_CPU_DISPATCH)
+  RestoreIsa restore;
+  const std::vector<cd::Isa> units = bf16_units();
+#endif
   const int shape = GENERATE(0, 1, 2);
   const int vis = GENERATE(0, 4, 6);  // full, causal window of 5, window (0, 2)
   const int kernel = GENERATE(0, 1);
@@ -131,8 +180,16 @@ TEST_CASE("bfloat16 storage: forward and backward within one bfloat16 rounding o
   const auto g = continuum::reference::backward(p, c.grad_out_ref<mp>());
   const double max_s = max_abs(f.scores);
   const double u = std::ldexp(1.0, -8);
+#if defined(CONTINUUM_CPU_DISPATCH)
+  for (cd::Isa unit : units)
+#endif
   for (const bool in_double : {false, true}) {
+#if defined(CONTINUUM_CPU_DISPATCH)
+    cd::select(unit);
+#endif
     c.compute = in_double ? continuum::Compute::float64 : continuum::Compute::automatic;
+    // AMX (float compute only): one more u · max|v| from W̃ (header).
+    const double amx_out = !in_double && on_amx() ? u * max_abs_of(c.v) : 0.0;
     Bf16Call x(c);
     std::vector<float> lse, dtau;
     forward_bf16(c, x, lse);
@@ -141,12 +198,13 @@ TEST_CASE("bfloat16 storage: forward and backward within one bfloat16 rounding o
                                   : forward_tolerance<float>(max_s, c.D);
     const double btol = in_double ? std::ldexp(1.0, -24) + backward_tolerance<double>(max_s, c.D)
                                   : backward_tolerance<float>(max_s, c.D);
-    const std::string label = std::string("bfloat16") + (in_double ? "/compute float64" : "");
+    const std::string label =
+        std::string("bfloat16") + (amx_out > 0 ? " amx" : "") + (in_double ? "/compute float64" : "");
     INFO(label << " shape " << shape << " vis " << vis << " kernel " << kernel << " max|s| " << max_s);
 
     const Error out = compare(x.o.contiguous(), f.out), l = compare(lse, f.lse);
     record("forward out " + label, out.rel());
-    CHECK(out.max_abs <= (ftol + u) * out.ref_scale);
+    CHECK(out.max_abs <= (ftol + u) * out.ref_scale + amx_out);
     CHECK(l.max_abs <= ftol * std::max(1.0, l.ref_scale));
 
     const Error dq = compare(x.dq.contiguous(), g.grad_query), dk = compare(x.dk.contiguous(), g.grad_key),
@@ -196,4 +254,75 @@ TEST_CASE("bfloat16 storage: hidden keys never change a bit, and the thread coun
       }
       for (std::size_t t = 0; t < now.size(); ++t) CHECK(bitwise_equal(now[t], first[t]));
     }
+}
+
+TEST_CASE("bfloat16 on AMX: concentrated attention, decode rows, FP state and tile state", "[operator][bfloat16]") {
+#if !defined(CONTINUUM_CPU_DISPATCH)
+  if (!on_amx()) {
+    WARN("skipped: no AMX-BF16 tiles for this process");
+    return;
+  }
+#else
+  RestoreIsa restore;
+  if (!cd::supported(cd::Isa::amx)) {
+    WARN("skipped: no AMX-BF16 tiles for this process");
+    return;
+  }
+  cd::select(cd::Isa::amx);
+#endif
+  use_mp_precision();
+  const int kernel = GENERATE(0, 1);
+  // τ = 0.01 and a causal mask over 2 key tiles: scores ~100 apart, so most
+  // weights are far below 2^-126 (flushed by the instruction) and the rest
+  // concentrated; every query row is checked against the reference.
+  Case<float> c;
+  setup(c, 1, 1, kernel, 4242);
+  c.Lq = c.Lk = 150;
+  c.tau = 0.01f;
+  c.alloc();
+  auto rng = rng_for(4243);
+  c.fill_uniform(rng);
+  round_inputs(c);
+  const auto p = c.problem<mp>();
+  const auto f = continuum::reference::forward(p);
+  const double u = std::ldexp(1.0, -8);
+  Bf16Call x(c);
+  std::vector<float> lse;
+#if defined(__x86_64__)
+  const unsigned mxcsr = _mm_getcsr();
+#endif
+  forward_bf16(c, x, lse);
+#if defined(__x86_64__)
+  // The caller's FP control state is unchanged (rounding, FTZ, DAZ, exception
+  // masks: AMX flushes denormals without MXCSR); the status flags (bits 0–5)
+  // record the underflows the float stencil raises, as on every path.
+  CHECK((_mm_getcsr() & ~0x3fu) == (mxcsr & ~0x3fu));
+#endif
+  const Error out = compare(x.o.contiguous(), f.out);
+  record("forward out bfloat16 amx tau 0.01", out.rel());
+  CHECK(out.max_abs <= (forward_tolerance<float>(max_abs(f.scores), c.D) + u) * out.ref_scale + u * max_abs_of(c.v));
+  // A KV-cache decode step (one query, the keys it sees) gives the full
+  // forward's row bit for bit on the tiles too.
+  for (index_t i : {index_t(0), index_t(127), index_t(128), index_t(149)}) {
+    Case<float> d = c;
+    d.Lq = 1;
+    d.alloc();
+    for (index_t h = 0; h < c.Hq; ++h)
+      std::copy(c.q.view.row(0, h, i), c.q.view.row(0, h, i) + c.D, d.q.view.row(0, h, 0));
+    d.k = c.k;
+    d.v = c.v;
+    d.range_lo.assign(1, 0);
+    d.range_hi.assign(1, i + 1);
+    d.vis = continuum::Visibility{};
+    Bf16Call y(d);
+    std::vector<float> l1;
+    forward_bf16(d, y, l1);
+    const std::vector<float> full = x.o.contiguous(), one = y.o.contiguous();
+    for (index_t h = 0; h < c.Hq; ++h) {
+      INFO("query " << i << " head " << h);
+      const float* a = full.data() + (h * c.Lq + i) * c.Dv;
+      const float* b = one.data() + h * c.Dv;
+      CHECK(std::memcmp(a, b, sizeof(float) * std::size_t(c.Dv)) == 0);
+    }
+  }
 }

@@ -11,7 +11,8 @@
 //   double storage: the kernels in double;
 //   bfloat16 storage (cpu/bfloat16.hpp): the call converted to float (or to
 //     double with Compute::float64) once, the kernels in that type, each
-//     output rounded once to bfloat16 (lse and dτ stay float).
+//     output rounded once to bfloat16 (lse and dτ stay float); in float, the
+//     forward's tile products run on AMX-BF16 where the CPU has it (cpu/amx.hpp).
 // Rows that double cannot hold (raw scores beyond DBL_MAX, scores beyond 4096
 // from a tiny τ: MATH.md §10, appendix A W12, W13) go on to the same kernels
 // in long double. Rows that see a NaN or an Inf get NaN outputs (tiled.hpp,
@@ -62,13 +63,14 @@ void backward_declined(const BackwardArgs<T>& a, const AttentionShape& sh, doubl
 /// into the caller's arguments.
 template <class W, class Stencil, class T>
 void forward_widened(const ForwardArgs<T>& a, const AttentionShape& sh, double scale,
-                     const std::vector<index_t>* rows) {
+                     const std::vector<index_t>* rows, bool use_amx = false) {
   const WideForward<W, T> w(a, sh);
   const std::vector<char> subset = rows ? subset_of(*rows, sh.rows()) : std::vector<char>();
   tiled::forward_tiled<W, Stencil>(w.args, scale, rows ? subset.data() : nullptr,
                                      [&](const std::vector<index_t>& declined) {
                                        forward_declined<W, Stencil>(w.args, sh, scale, declined);
-                                     });
+                                     },
+                                     use_amx);
   if (rows)
     for (index_t r : *rows) w.narrow(a, r);
   else
@@ -134,15 +136,17 @@ void backward_declined(const BackwardArgs<T>& a, const AttentionShape& sh, doubl
 }
 
 /// The CPU forward of one validated call (attention_impl<cpu_t>::forward),
-/// compiled for this translation unit's instruction set (isa.hpp).
-template <class T, class Stencil>
+/// compiled for this translation unit's instruction set (isa.hpp). Amx: with
+/// bfloat16 storage computed in float, the tile products on AMX-BF16
+/// (cpu/amx.hpp; the caller checked amx::usable()).
+template <class T, class Stencil, bool Amx = false>
 void run_forward(const ForwardArgs<T>& args, const AttentionShape& shape, double scale) {
   static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value || std::is_same<T, bfloat16>::value,
                 "continuum CPU backend: T must be float, double or continuum::bfloat16");
   if constexpr (!std::is_same<T, double>::value) {  // float or bfloat16 storage
     if (args.compute == Compute::float64) return forward_widened<double, Stencil>(args, shape, scale, nullptr);
     if constexpr (std::is_same<T, bfloat16>::value)  // storage only: computed in float
-      return forward_widened<float, Stencil>(args, shape, scale, nullptr);
+      return forward_widened<float, Stencil>(args, shape, scale, nullptr, Amx);
   }
   if constexpr (!std::is_same<T, bfloat16>::value)
     tiled::forward_tiled<T, Stencil>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
@@ -190,6 +194,8 @@ struct attention_impl<cpu_t> {
 #if defined(CONTINUUM_CPU_DISPATCH)
     cpu_dispatch::forward(args, shape, scale, Stencil{});
 #else
+    if constexpr (std::is_same<T, bfloat16>::value)
+      if (cpu_detail::amx::usable()) return cpu_detail::run_forward<T, Stencil, true>(args, shape, scale);
     cpu_detail::run_forward<T, Stencil>(args, shape, scale);
 #endif
   }

@@ -21,11 +21,13 @@ namespace cpu_dispatch {
 
 /// The instruction sets that kernels are built for, lowest first. Each one's
 /// CPUID requirements: sse2 — x86-64; avx2 — AVX2, FMA, BMI1, BMI2; avx512 —
-/// those and AVX-512 F, BW, DQ, VL, CD.
-enum class Isa { sse2 = 0, avx2 = 1, avx512 = 2 };
-inline constexpr int kIsaCount = 3;
+/// those and AVX-512 F, BW, DQ, VL, CD; amx — the avx512 kernels with the
+/// bfloat16 forward's tile products on AMX-BF16 tiles (backends/cpu/amx.hpp):
+/// avx512, AMX-TILE, AMX-BF16, and Linux's permission for the tile data.
+enum class Isa { sse2 = 0, avx2 = 1, avx512 = 2, amx = 3 };
+inline constexpr int kIsaCount = 4;
 
-/// "sse2", "avx2", "avx512".
+/// "sse2", "avx2", "avx512", "amx".
 const char* name(Isa isa);
 
 /// Whether the running CPU and operating system can run isa's kernels.
@@ -33,7 +35,7 @@ bool supported(Isa isa);
 
 /// The instruction set of every later call: the best one the CPU supports, or
 /// the one the environment variable CONTINUUM_CPU_ISA names (sse2, avx2,
-/// avx512; read once, at the first call), or the last select().
+/// avx512, amx; read once, at the first call), or the last select().
 /// \throws std::invalid_argument when CONTINUUM_CPU_ISA names an unknown
 ///         instruction set or one this CPU cannot run.
 Isa selected();
@@ -44,7 +46,7 @@ Isa selected();
 /// \throws std::invalid_argument when the CPU cannot run isa's kernels.
 void select(Isa isa);
 
-/// The instruction set named `text` ("sse2", "avx2", "avx512").
+/// The instruction set named `text` ("sse2", "avx2", "avx512", "amx").
 /// \throws std::invalid_argument naming the accepted names.
 Isa parse(const std::string& text);
 
@@ -71,6 +73,7 @@ struct KernelTable {
   Backward<double> backward_double[2];
   Forward<bfloat16> forward_bf16[2];
   Backward<bfloat16> backward_bf16[2];
+  bool (*usable)();  // a run-time check beyond CPUID (amx: the tile permission), or null
 };
 
 }  // namespace cpu_dispatch

@@ -58,6 +58,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include <Eigen/Core>
@@ -69,6 +70,7 @@
 #include "../../attention/params.hpp"
 #include "../../attention/visibility.hpp"
 #include "../row_state.hpp"
+#include "amx.hpp"
 #include "tile_gemm.hpp"
 #include "vector_moments.hpp"
 #include "isa.hpp"
@@ -445,7 +447,9 @@ index_t row_eligibility(const TensorView<const T>& query, const TensorView<const
           // formed in T and folded into q: c and c·q must fit T.
           const A qn = std::sqrt(q2), kmax = std::sqrt(k2), vmax = std::sqrt(v2), gm = std::sqrt(g2);
           const A tmax = A(std::numeric_limits<T>::max());
-          bool fine = tau > 0 && c <= tmax && c * qn <= tmax / 2 && c * qn * kmax <= A(kMaxScore<T>) &&
+          // The AMX products form q·k unscaled (amx.hpp): that must fit T too.
+          bool fine = tau > 0 && c <= tmax && c * qn <= tmax / 2 && qn * kmax <= tmax / 2 &&
+                      c * qn * kmax <= A(kMaxScore<T>) &&
                       A(rg.size() + 1) * vmax <= A(kValueBound<T>);
           // dP = dO · Vᵀ stays far from overflow.
           if (fine && grad_out) fine = A(std::max(value.dim, rg.size()) + 1) * gm * vmax <= A(kValueBound<T>);
@@ -720,10 +724,36 @@ struct ForwardWorkspace {
   std::vector<RowRange> range;
   std::vector<index_t> kb, ke;  // per row, the keys [kb, ke) of its P·V terms in the tile
   std::vector<T> map_s, map_w;  // one row's scores and weights (inspection maps only)
+  // The tile products on AMX (amx.hpp; bfloat16 storage computed in float):
+  // rows rounded up to whole tiles, depth D and width Dv padded to Dp, Dvp;
+  // Q's bfloat16 bits (unscaled), c_i, the packed K and V tiles, W̃'s bits,
+  // which keys of the tile some row of the task sees, and the halo's scores.
+  bool amx = false;
+  index_t Dp = 0, Dvp = 0;
+  std::vector<std::uint16_t> qb, kp, vp, wb;
+  std::vector<T> c, halo;
+  std::vector<char> seen;
+  std::vector<int> cover;
   /// rows: the most query rows of one task (≤ kBr; a decode step has a few).
-  ForwardWorkspace(index_t D, index_t Dv, index_t rows)
-      : q(rows, D), kt(D, kBc), s(RowMatrix<T>::Zero(rows, kBc + 1 + kPad<T>)), w(rows, kBc + 1 + kPad<T>),
-        o(rows, Dv), m(rows), l(rows), range(rows), kb(rows), ke(rows) {}
+  ForwardWorkspace(index_t D, index_t Dv, index_t rows, bool use_amx = false)
+      : q(rows, D), kt(D, kBc), m(rows), l(rows), range(rows), kb(rows), ke(rows), amx(use_amx) {
+    const index_t nr = amx ? round_up(rows, amx::kRows) : rows;
+    s = RowMatrix<T>::Zero(nr, kBc + 1 + kPad<T>);
+    w.resize(nr, kBc + 1 + kPad<T>);
+    if (amx) {
+      Dp = round_up(D, amx::kStep);
+      Dvp = round_up(Dv, amx::kCols);
+      qb.assign(std::size_t(nr * Dp), 0);
+      kp.resize(std::size_t(kBc * Dp));
+      vp.resize(std::size_t(kBc * Dvp));
+      wb.assign(std::size_t(nr * kBc), 0);
+      c.resize(std::size_t(nr));
+      halo.resize(std::size_t(nr * amx::kCols));
+      seen.resize(std::size_t(kBc));
+      cover.resize(std::size_t(kBc + 1));
+    }
+    o.resize(nr, amx ? Dvp : Dv);
+  }
 };
 
 /// The inspection maps of one finished row (small inputs; MATH.md §5), each
@@ -764,13 +794,14 @@ void write_maps(const T* qs, const TensorView<const T>& key, index_t b, index_t 
   }
 }
 
-/// qs = c_i q_i, the query of row (b, h, i) scaled by c_i = scale / τ_i.
+/// qs = c_i q_i, the query of row (b, h, i) scaled by c_i = scale / τ_i; returns c_i.
 template <class T>
-inline void scaled_query(const ForwardArgs<T>& a, index_t b, index_t h, index_t i, double scale, T* qs) {
+inline T scaled_query(const ForwardArgs<T>& a, index_t b, index_t h, index_t i, double scale, T* qs) {
   const T c = T(MeasureType<T>(scale) /
                 MeasureType<T>(temperature_at(a.temperature, b, h, i, a.query.heads, a.query.seq)));
   const T* qi = a.query.row(b, h, i);
   for (index_t d = 0; d < a.query.dim; ++d) qs[d] = c * qi[d];
+  return c;
 }
 
 /// Writes the outputs of finished row r of a task (query i of head h, batch
@@ -789,6 +820,103 @@ void write_row(const ForwardArgs<T>& a, index_t b, index_t h, index_t i, index_t
     const index_t row = (b * Hq + h) * Lq + i;
     write_maps<T, Stencil>(ws.q.row(r).data(), a.key, b, hk, ws.range[r], ws.m[r], ws.l[r],
                            a.probs ? a.probs + row * Lk : nullptr, a.cell_mass ? a.cell_mass + row * Lk : nullptr, ws);
+  }
+}
+
+// The AMX steps of forward_block (amx.hpp); kAmx<T>: T is float and this
+// translation unit has the tile kernels. Each is a no-op elsewhere (ws.amx is
+// then never set).
+#if defined(CONTINUUM_CPU_AMX)
+template <class T>
+inline constexpr bool kAmx = std::is_same<T, float>::value;
+#else
+template <class T>
+inline constexpr bool kAmx = false;
+#endif
+
+/// Packs the key and value tile [k0, k0 + nc) for the AMX products (keys that
+/// no row of the task sees are zeros: their data is never loaded).
+template <class T>
+void pack_tile_amx(const ForwardArgs<T>& a, index_t b, index_t hk, index_t k0, index_t nc, index_t nr, index_t ncp,
+                   ForwardWorkspace<T>& ws) {
+  if constexpr (kAmx<T>) {
+    std::fill(ws.cover.begin(), ws.cover.begin() + nc + 1, 0);
+    for (index_t r = 0; r < nr; ++r) {
+      const index_t lo = std::max(ws.range[r].lo, k0) - k0, hi = std::min(ws.range[r].hi, k0 + nc) - k0;
+      if (lo < hi) ++ws.cover[std::size_t(lo)], --ws.cover[std::size_t(hi)];
+    }
+    int run = 0;
+    for (index_t j = 0; j < nc; ++j) ws.seen[std::size_t(j)] = char((run += ws.cover[std::size_t(j)]) > 0);
+    amx::pack_keys(a.key.row(b, hk, k0), a.key.stride_seq, nc, a.key.dim, ws.Dp, ws.seen.data(),
+                   ncp / amx::kCols, ws.kp.data());
+    amx::pack_values(a.value.row(b, hk, k0), a.value.stride_seq, nc, a.value.dim, ws.Dvp, ws.seen.data(),
+                     round_up(nc, amx::kStep) / amx::kStep, ws.vp.data());
+  }
+}
+
+/// S_raw of rows [g0, g1) (whole tiles) for the tile keys [j0, j1) (multiples
+/// of 16), into the score tile's columns 1 + j.
+template <class T>
+void scores_amx(index_t g0, index_t g1, index_t j0, index_t j1, ForwardWorkspace<T>& ws) {
+  if constexpr (kAmx<T>) {
+#if defined(CONTINUUM_CPU_AMX)
+    const index_t lds = ws.s.cols();
+    for (index_t g = g0; g < g1; g += amx::kRows)
+      amx::scores(ws.qb.data() + g * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), j0 / amx::kCols,
+                  (j1 + amx::kCols - 1) / amx::kCols, ws.s.data() + g * lds + 1 + j0, lds);
+#endif
+  }
+}
+
+/// Row r's weights W (tile columns [ce0, cv1)) as W̃ = bfloat16(W) for the
+/// P·V tiles; the halo key's term (column 0, the previous tile's last key,
+/// value row vhalo) goes into the accumulators first, in float.
+template <class T>
+void weights_amx(const T* vhalo, index_t Dv, index_t ce0, index_t cv1, index_t r, ForwardWorkspace<T>& ws) {
+  if constexpr (kAmx<T>) {
+    const T* wr = ws.w.row(r).data();
+    std::uint16_t* wb = ws.wb.data() + r * kBc;
+    if (ce0 == 0) {
+      const T w0 = amx::round_bf16(wr[0]);
+      T* orow = ws.o.row(r).data();
+      for (index_t d = 0; d < Dv; ++d) orow[d] = madd(w0, vhalo[d], orow[d]);
+    }
+    for (index_t cc = std::max<index_t>(ce0, 1); cc < cv1; ++cc) wb[cc - 1] = amx::bits_rounded(wr[cc]);
+  }
+}
+
+/// O += W̃ · V for rows [g0, g1) (whole tiles) over n_steps key steps.
+template <class T>
+void accumulate_amx(index_t g0, index_t g1, index_t n_steps, ForwardWorkspace<T>& ws) {
+  if constexpr (kAmx<T>) {
+#if defined(CONTINUUM_CPU_AMX)
+    const index_t ldo = ws.o.cols();
+    for (index_t g = g0; g < g1; g += amx::kRows)
+      amx::accumulate(ws.wb.data() + g * kBc, kBc, n_steps, ws.vp.data(), ws.Dvp, ws.o.data() + g * ldo, ldo);
+#endif
+  }
+}
+
+/// The halo score (key k0 − 1) of the first tile of a chunk, on the AMX tiles
+/// as the previous chunk's last tile computes it: key k0 − 1 alone in a
+/// block of 16 (per-element products: the other columns do not matter).
+template <class T>
+void chunk_halo_amx(const ForwardArgs<T>& a, index_t b, index_t hk, index_t k0, index_t nr, index_t nr_tiles,
+                    ForwardWorkspace<T>& ws) {
+  if constexpr (kAmx<T>) {
+    std::fill(ws.seen.begin(), ws.seen.begin() + amx::kCols, char(0));
+    ws.seen[amx::kCols - 1] = 1;
+    amx::pack_keys(a.key.row(b, hk, k0 - amx::kCols), a.key.stride_seq, amx::kCols, a.key.dim, ws.Dp,
+                   ws.seen.data(), 1, ws.kp.data());
+#if defined(CONTINUUM_CPU_AMX)
+    for (index_t g = 0; g < nr_tiles; g += amx::kRows)
+      amx::scores(ws.qb.data() + g * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), 0, 1, ws.halo.data() + g * amx::kCols,
+                  amx::kCols);
+#endif
+    for (index_t r = 0; r < nr; ++r)
+      ws.s(r, 0) = ws.range[r].lo < k0 && ws.range[r].hi > k0
+                       ? ws.c[std::size_t(r)] * ws.halo[std::size_t(r * amx::kCols + amx::kCols - 1)]
+                       : T(0);
   }
 }
 
@@ -823,11 +951,22 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
       kmin = std::min(kmin, ws.range[r].lo);
       kmax = std::max(kmax, ws.range[r].hi);
     }
-    scaled_query(a, b, h, i, scale, ws.q.row(r).data());
+    const T c = scaled_query(a, b, h, i, scale, ws.q.row(r).data());
+    if constexpr (kAmx<T>)
+      if (ws.amx) {
+        ws.c[std::size_t(r)] = c;
+        const T* qi = a.query.row(b, h, i);
+        std::uint16_t* qb = ws.qb.data() + r * ws.Dp;
+        for (index_t d = 0; d < D; ++d) qb[d] = amx::bits_exact(qi[d]);
+      }
     ws.m[r] = kNegInf;
     ws.l[r] = T(0);
   }
-  ws.o.topRows(nr).setZero();
+  // AMX: the rows of the last tile past nr hold zeros (weights) and no scores
+  // that are read; each row's products involve its own row only.
+  const index_t nr_tiles = ws.amx ? round_up(nr, amx::kRows) : nr;
+  if (ws.amx) std::fill(ws.wb.begin() + nr * kBc, ws.wb.begin() + nr_tiles * kBc, std::uint16_t(0));
+  ws.o.topRows(nr_tiles).setZero();
   kmin = std::max(kmin, ka);  // this task's chunk of keys
   kmax = std::min(kmax, kz);
 
@@ -846,7 +985,9 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
     // chunk, where the rows that see it get its score (the tile product's
     // operations: a running multiply-add in d order).
     for (index_t r = 0; r < nr; ++r) ws.s(r, 0) = k0 > kstart ? ws.s(r, kBc) : T(0);
-    if (k0 == kstart && k0 == ka && k0 > 0)
+    if (k0 == kstart && k0 == ka && k0 > 0 && ws.amx)
+      chunk_halo_amx(a, b, hk, k0, nr, nr_tiles, ws);
+    else if (k0 == kstart && k0 == ka && k0 > 0)
       for (index_t r = 0; r < nr; ++r)
         if (ws.range[r].lo < k0 && ws.range[r].hi > k0) {
           const T* qs = ws.q.row(r).data();
@@ -870,27 +1011,41 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
       }
       if (u0 >= u1) continue;  // the whole sub-block is blind to this tile: skipped
       if (!packed) {
-        // Kᵀ of the whole tile, padded with zero keys to the vector width.
+        // Kᵀ of the whole tile, padded with zero keys to the vector width
+        // (AMX: K and V packed, keys no row of the task sees as zeros).
         ncp = std::min(round_up(nc, kPad<T>), kBc);
-        pack_transposed(a.key.row(b, hk, k0), ldk, nc, D, ws.kt.data(), ncp);
+        if (ws.amx)
+          pack_tile_amx(a, b, hk, k0, nc, nr, ncp, ws);
+        else
+          pack_transposed(a.key.row(b, hk, k0), ldk, nc, D, ws.kt.data(), ncp);
         packed = true;
       }
       // S[r0:r1, 1 + j] = Qs · K_tileᵀ for the tile keys j in [j0, j1) ⊇ [u0 - k0, u1 - k0).
       const index_t j0 = (u0 - k0) / kPad<T> * kPad<T>;
       const index_t j1 = std::min(round_up(u1 - k0, kPad<T>), ncp);
-      // (D = 0: Kᵀ is empty and kt.data() null, so no offset is formed from it;
-      // gemm then writes scores 0 without reading it.)
-      gemm<T>(r1 - r0, j1 - j0, D, ws.q.data() + r0 * D, D, 1, D > 0 ? ws.kt.data() + j0 : nullptr, ncp,
-              ws.s.data() + r0 * lds + 1 + j0, lds, false);
+      if (ws.amx) {
+        scores_amx(r0, std::min(r1, nr_tiles), j0, j1, ws);
+      } else {
+        // (D = 0: Kᵀ is empty and kt.data() null, so no offset is formed from
+        // it; gemm then writes scores 0 without reading it.)
+        gemm<T>(r1 - r0, j1 - j0, D, ws.q.data() + r0 * D, D, 1, D > 0 ? ws.kt.data() + j0 : nullptr, ncp,
+                ws.s.data() + r0 * lds + 1 + j0, lds, false);
+      }
       for (index_t r = r0; r < r1; ++r) {
         const index_t lo = ws.range[r].lo, hi = ws.range[r].hi;
         T* wr = ws.w.row(r).data();
         const index_t vlo = std::max(lo, k0), vhi = std::min(hi, k1);
         ws.kb[r] = ws.ke[r] = 0;
+        if (ws.amx) std::fill(ws.wb.begin() + r * kBc, ws.wb.begin() + (r + 1) * kBc, std::uint16_t(0));
         if (vlo >= vhi) continue;
-        const T* sr = ws.s.row(r).data();
+        T* sr = ws.s.row(r).data();
         // Tile columns of the visible keys: [cv0, cv1).
         const index_t cv0 = vlo - key0, cv1 = vhi - key0;
+        if (ws.amx) {  // S = c_i ⊗ S_raw (the halo column is scaled already)
+          const T cr = ws.c[std::size_t(r)];
+#pragma omp simd
+          for (index_t cc = cv0; cc < cv1; ++cc) sr[cc] *= cr;
+        }
         const T f = detail::raise_row_max(ws.m[r], row_max(sr, cv0, cv1));
         if (f != T(1)) {
           ws.l[r] *= f;
@@ -909,10 +1064,15 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
         ws.l[r] += lsum;
         ws.kb[r] = key0 + ce0;  // the row's own keys (halo included when visible)
         ws.ke[r] = key0 + cv1;
+        if (ws.amx) weights_amx(k0 > 0 ? a.value.row(b, hk, k0 - 1) : nullptr, Dv, ce0, cv1, r, ws);
       }
       // O += W · V, each row over its own visible keys only (range_gemm): a
-      // value the row cannot see never enters its sum.
-      range_gemm<T>(r1 - r0, Dv, ws.w.data() + r0 * ldw, ldw, 1, key0, a.value.row(b, hk, 0), ldv,
+      // value the row cannot see never enters its sum (AMX: its weight is 0
+      // and its value, when no row of the task sees it, a packed zero).
+      if (ws.amx)
+        accumulate_amx(r0, std::min(r1, nr_tiles), round_up(nc, amx::kStep) / amx::kStep, ws);
+      else
+        range_gemm<T>(r1 - r0, Dv, ws.w.data() + r0 * ldw, ldw, 1, key0, a.value.row(b, hk, 0), ldv,
                       ws.o.data() + r0 * Dv, Dv, ws.kb.data() + r0, ws.ke.data() + r0);
     }
     // Keep this tile's last score as the next tile's halo (column kBc).
@@ -978,9 +1138,12 @@ inline bool task_has_rows(const std::vector<char>& ok, const char* subset, index
 /// (validated by the caller). Rows the tiled kernel in T does not take
 /// (row_eligibility) are handed to declined(rows), which computes them in the
 /// next wider type (backends/cpu.hpp); rows that see a NaN or an Inf get NaN
-/// outputs (write_nonfinite_rows).
+/// outputs (write_nonfinite_rows). use_amx: the tile products on AMX-BF16
+/// (amx.hpp) — only for float arguments that hold bfloat16 values (bfloat16
+/// storage), and only where amx::usable().
 template <class T, class Stencil, class Declined>
-void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, Declined&& declined) {
+void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, Declined&& declined,
+                   bool use_amx = false) {
   const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq, D = a.query.dim;
   const index_t Dv = a.value.dim;
   // Tasks: blocks of kBr query rows of one head; when the whole GQA group's
@@ -1011,7 +1174,12 @@ void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, De
 #endif
   {
     serial_eigen_in_this_region();
-    ForwardWorkspace<T> ws(D, Dv, task_rows);
+    const bool amx = kAmx<T> && use_amx && D > 0 && Dv > 0;
+    ForwardWorkspace<T> ws(D, Dv, task_rows, amx);
+#if defined(CONTINUUM_CPU_AMX)
+    std::optional<amx::Scope> tiles;  // this thread's tile configuration, the caller's restored at the end
+    if (amx) tiles.emplace();
+#endif
 #if defined(_OPENMP)
 #  pragma omp for schedule(dynamic, 1)
 #endif

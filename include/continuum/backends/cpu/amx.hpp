@@ -1,0 +1,318 @@
+// backends/cpu/amx.hpp — the tile products of the forward kernel (tiled.hpp)
+// on Intel AMX-BF16 tiles, for bfloat16 storage computed in float (MATH.md
+// §10, "bfloat16 on AMX"):
+//
+//   S_raw = Q · K_tileᵀ     Q, K exactly their bfloat16 values; S = c_i ⊗ S_raw in float
+//   O    += W̃ · V_tile      W̃ = the stencil weights rounded to bfloat16 (RNE)
+//
+// Products of two bfloat16 numbers are exact in float, and tdpbf16ps sums
+// them into float accumulators; its order of summation inside one
+// instruction is the hardware's, fixed, and it flushes denormal inputs and
+// outputs to zero whatever MXCSR says. Each output element depends only on
+// its own row of A and column of B, so a row's bits never depend on which
+// rows share its tile (a KV-cache decode step reproduces the full forward's
+// row bit for bit, as on the vector path). Keys that no row of the task sees
+// are packed as zeros, never loaded (structural masking, MATH.md §10).
+//
+// Compiled where the translation unit targets AVX-512 on x86-64 Linux with
+// GCC ≥ 11 or Clang ≥ 12 (the avx512 object of cpu_dispatch; a user's
+// -march=native build): the tile instructions are enabled per function
+// (target attributes), and used only after amx_usable() — CPUID says AMX-TILE
+// and AMX-BF16, and Linux granted this process the tile data state
+// (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once).
+// AmxScope loads the tile configuration on the calling thread and gives the
+// thread back the caller's configuration (or none) when the kernel is done.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include <algorithm>
+
+#include "../../attention/params.hpp"
+#include "isa.hpp"
+#include "simd.hpp"
+
+#if defined(CONTINUUM_CPU_SIMD) && defined(__AVX512F__) && defined(__x86_64__) && defined(__linux__) && \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#  define CONTINUUM_CPU_AMX 1
+#  include <cpuid.h>
+#  include <immintrin.h>
+#  include <sys/syscall.h>
+#  include <unistd.h>
+#  define CONTINUUM_AMX_FN __attribute__((target("amx-tile,amx-bf16"))) inline
+#endif
+
+namespace continuum {
+inline namespace CONTINUUM_CPU_ISA_NAMESPACE {  // backends/cpu/isa.hpp
+namespace cpu_detail {
+namespace amx {
+
+/// Rows and 32-bit columns of every tile; keys and depth go in steps of 32
+/// bfloat16 (one 64-byte tile row), output columns in blocks of 16 floats.
+inline constexpr index_t kRows = 16, kStep = 32, kCols = 16;
+
+/// The bfloat16 bits of a float that is a bfloat16 value (storage widened to
+/// float): exact.
+inline std::uint16_t bits_exact(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return std::uint16_t(u >> 16);
+}
+
+/// The bfloat16 bits of a finite float, rounded to nearest even.
+inline std::uint16_t bits_rounded(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return std::uint16_t(u >> 16);
+}
+
+/// x rounded to bfloat16 (to nearest even), as a float.
+inline float round_bf16(float x) {
+  std::uint32_t u = std::uint32_t(bits_rounded(x)) << 16;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
+
+/// The 32-bit word of two bfloat16 values held in floats (exactly): lo in
+/// bits 0–15, hi in bits 16–31 — one "VNNI" pair of tdpbf16ps.
+inline std::uint32_t pair_word(float lo, float hi) {
+  std::uint32_t a, b;
+  std::memcpy(&a, &lo, 4);
+  std::memcpy(&b, &hi, 4);
+  return (a >> 16) | (b & 0xffff0000u);
+}
+
+/// K tile packed for S_raw = Q · Kᵀ (tdpbf16ps's "VNNI" B layout): key block
+/// kb (16 keys) and depth pair t hold, at dst[(kb·Dp/2 + t)·32 + 2n + p],
+/// key (16 kb + n), element 2t + p; zero for keys ≥ n_keys, for keys with
+/// seen[key] == 0 and for elements ≥ D. Dp: D rounded up to kStep; n_blocks
+/// blocks are written. Each key's pair words are formed along its row, then
+/// 16 × 16 blocks of words are transposed in registers.
+inline void pack_keys(const float* src, index_t lds, index_t n_keys, index_t D, index_t Dp, const char* seen,
+                      index_t n_blocks, std::uint16_t* dst) {
+  const index_t P = Dp / 2;  // pair words per key
+  std::uint32_t* out = reinterpret_cast<std::uint32_t*>(dst);
+  for (index_t kb = 0; kb < n_blocks; ++kb) {
+    alignas(64) std::uint32_t words[kCols][kStep * 4];  // 16 keys × up to 128 pair words per pass
+    for (index_t t0 = 0; t0 < P; t0 += kStep * 4) {
+      const index_t tn = std::min<index_t>(kStep * 4, P - t0);
+      for (index_t n = 0; n < kCols; ++n) {
+        const index_t j = kb * kCols + n;
+        std::uint32_t* w = words[n];
+        if (j >= n_keys || !seen[j]) {
+          std::fill(w, w + tn, 0u);
+          continue;
+        }
+        const float* k = src + j * lds;
+        const index_t full = std::max<index_t>(0, std::min(tn, D / 2 - t0));
+        for (index_t t = 0; t < full; ++t) w[t] = pair_word(k[2 * (t0 + t)], k[2 * (t0 + t) + 1]);
+        for (index_t t = full; t < tn; ++t) {
+          const index_t d = 2 * (t0 + t);
+          w[t] = pair_word(d < D ? k[d] : 0.0f, d + 1 < D ? k[d + 1] : 0.0f);
+        }
+      }
+      // words[n][t] → out[(kb·P + t0 + t)·16 + n], 16 pair words at a time.
+      for (index_t t = 0; t < tn; t += kCols) {
+#if defined(CONTINUUM_CPU_SIMD) && defined(__AVX512F__)
+        using S = Simd<float>;
+        typename S::v r[kCols];
+        for (index_t n = 0; n < kCols; ++n) r[n] = S::load(reinterpret_cast<const float*>(words[n] + t));
+        transpose_block<float>(r);
+        for (index_t i = 0; i < kCols; ++i)
+          S::store(reinterpret_cast<float*>(out + (kb * P + t0 + t + i) * kCols), r[i]);
+#else
+        for (index_t i = 0; i < kCols; ++i)
+          for (index_t n = 0; n < kCols; ++n) out[(kb * P + t0 + t + i) * kCols + n] = words[n][t + i];
+#endif
+      }
+    }
+  }
+}
+
+/// V tile packed for O += W̃ · V (VNNI B layout): output block nb (16
+/// columns) and key pair t hold, at dst[(nb·KP + t)·32 + 2n + p], key 2t + p,
+/// column 16 nb + n, with KP = n_steps·kStep/2; zero for keys ≥ n_keys, for
+/// keys with seen[key] == 0 and for columns ≥ Dv. Dvp: Dv rounded up to kCols.
+/// Each pair word joins two value rows column by column (no transpose).
+inline void pack_values(const float* src, index_t lds, index_t n_keys, index_t Dv, index_t Dvp, const char* seen,
+                        index_t n_steps, std::uint16_t* dst) {
+  const index_t KP = n_steps * kStep / 2;
+  std::uint32_t* out = reinterpret_cast<std::uint32_t*>(dst);
+  for (index_t t = 0; t < KP; ++t) {
+    const index_t j0 = 2 * t, j1 = 2 * t + 1;
+    const bool s0 = j0 < n_keys && seen[j0], s1 = j1 < n_keys && seen[j1];
+    const float* v0 = s0 ? src + j0 * lds : nullptr;
+    const float* v1 = s1 ? src + j1 * lds : nullptr;
+    for (index_t nb = 0; nb < Dvp / kCols; ++nb) {
+      std::uint32_t* o = out + (nb * KP + t) * kCols;
+      const index_t c0 = nb * kCols;
+      if (c0 + kCols <= Dv && s0 && s1) {
+#pragma omp simd
+        for (index_t n = 0; n < kCols; ++n) o[n] = pair_word(v0[c0 + n], v1[c0 + n]);
+      } else {
+        for (index_t n = 0; n < kCols; ++n) {
+          const bool in = c0 + n < Dv;
+          o[n] = pair_word(s0 && in ? v0[c0 + n] : 0.0f, s1 && in ? v1[c0 + n] : 0.0f);
+        }
+      }
+    }
+  }
+}
+
+#if defined(CONTINUUM_CPU_AMX)
+
+/// Whether this CPU and Linux let this process use AMX-BF16 tiles (asked once,
+/// thread-safe; the permission is the process's).
+inline bool usable() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool amx_bf16 = (d >> 22) & 1u, amx_tile = (d >> 24) & 1u;
+    if (!amx_bf16 || !amx_tile) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+/// The 64-byte tile configuration (palette 1): every tile 16 rows × 64 bytes.
+struct TileConfig {
+  std::uint8_t palette = 0, start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64, "AMX tile configuration is 64 bytes");
+
+/// Loads the kernels' tile configuration on this thread for its lifetime;
+/// then restores the configuration the thread had (or releases the tiles).
+class Scope {
+ public:
+  // (The compiler sees ldtilecfg / sttilecfg touch only a few bytes of the
+  // 64: the "memory" barriers keep it from dropping or caching the rest.)
+  CONTINUUM_AMX_FN Scope() {
+    _tile_storeconfig(&saved_);
+    __asm__ __volatile__("" ::: "memory");
+    static const TileConfig config = [] {
+      TileConfig c;
+      c.palette = 1;
+      for (int t = 0; t < 8; ++t) {
+        c.colsb[t] = 64;
+        c.rows[t] = std::uint8_t(kRows);
+      }
+      return c;
+    }();
+    __asm__ __volatile__("" ::: "memory");
+    _tile_loadconfig(&config);
+  }
+  CONTINUUM_AMX_FN ~Scope() {
+    __asm__ __volatile__("" ::: "memory");
+    if (saved_.palette != 0) _tile_loadconfig(&saved_);
+    else _tile_release();
+  }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  TileConfig saved_;
+};
+
+/// S_raw for 16 query rows (q: bfloat16 bits, row stride ldq elements, Dp
+/// columns, zero beyond D) and the key blocks [kb0, kb1) of a pack_keys tile:
+/// s[r·lds + 16 (kb − kb0) + n] = Σ_d q(r, d) k(16 kb + n, d) in float.
+/// Tiles: 0–3 accumulators, 4 the Q step, 6–7 the K steps.
+CONTINUUM_AMX_FN void scores(const std::uint16_t* q, index_t ldq, index_t Dp, const std::uint16_t* kp, index_t kb0,
+                             index_t kb1, float* s, index_t lds) {
+  const index_t steps = Dp / kStep, blk = (Dp / 2) * 32;
+  const long sq = long(ldq * 2), ss = long(lds * 4);
+  index_t kb = kb0;
+  for (; kb + 4 <= kb1; kb += 4) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (index_t t = 0; t < steps; ++t) {
+      _tile_loadd(4, q + t * kStep, sq);
+      const std::uint16_t* b = kp + kb * blk + t * 16 * 32;
+      _tile_loadd(6, b, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, b + blk, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(6, b + 2 * blk, 64);
+      _tile_dpbf16ps(2, 4, 6);
+      _tile_loadd(7, b + 3 * blk, 64);
+      _tile_dpbf16ps(3, 4, 7);
+    }
+    float* o = s + (kb - kb0) * kCols;
+    _tile_stored(0, o, ss);
+    _tile_stored(1, o + kCols, ss);
+    _tile_stored(2, o + 2 * kCols, ss);
+    _tile_stored(3, o + 3 * kCols, ss);
+  }
+  for (; kb < kb1; ++kb) {
+    _tile_zero(0);
+    for (index_t t = 0; t < steps; ++t) {
+      _tile_loadd(4, q + t * kStep, sq);
+      _tile_loadd(6, kp + kb * blk + t * 16 * 32, 64);
+      _tile_dpbf16ps(0, 4, 6);
+    }
+    _tile_stored(0, s + (kb - kb0) * kCols, ss);
+  }
+}
+
+/// O += W̃ · V for 16 rows: w holds W̃'s bfloat16 bits (row stride ldw
+/// elements, n_steps·32 key columns, zero where a row sees no key), vp a
+/// pack_values tile of n_steps key steps, o the float accumulators (row
+/// stride ldo, Dvp columns). Tiles: 0–3 accumulators, 4 the W̃ step, 6–7 V.
+CONTINUUM_AMX_FN void accumulate(const std::uint16_t* w, index_t ldw, index_t n_steps, const std::uint16_t* vp,
+                                 index_t Dvp, float* o, index_t ldo) {
+  const index_t KP = n_steps * kStep / 2, blk = KP * 32;
+  const long sw = long(ldw * 2), so = long(ldo * 4);
+  index_t nb = 0;
+  const index_t nblocks = Dvp / kCols;
+  for (; nb + 4 <= nblocks; nb += 4) {
+    float* c = o + nb * kCols;
+    _tile_loadd(0, c, so);
+    _tile_loadd(1, c + kCols, so);
+    _tile_loadd(2, c + 2 * kCols, so);
+    _tile_loadd(3, c + 3 * kCols, so);
+    for (index_t t = 0; t < n_steps; ++t) {
+      _tile_loadd(4, w + t * kStep, sw);
+      const std::uint16_t* b = vp + nb * blk + t * 16 * 32;
+      _tile_loadd(6, b, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, b + blk, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(6, b + 2 * blk, 64);
+      _tile_dpbf16ps(2, 4, 6);
+      _tile_loadd(7, b + 3 * blk, 64);
+      _tile_dpbf16ps(3, 4, 7);
+    }
+    _tile_stored(0, c, so);
+    _tile_stored(1, c + kCols, so);
+    _tile_stored(2, c + 2 * kCols, so);
+    _tile_stored(3, c + 3 * kCols, so);
+  }
+  for (; nb < nblocks; ++nb) {
+    float* c = o + nb * kCols;
+    _tile_loadd(0, c, so);
+    for (index_t t = 0; t < n_steps; ++t) {
+      _tile_loadd(4, w + t * kStep, sw);
+      _tile_loadd(6, vp + nb * blk + t * 16 * 32, 64);
+      _tile_dpbf16ps(0, 4, 6);
+    }
+    _tile_stored(0, c, so);
+  }
+}
+
+#else
+inline bool usable() { return false; }
+#endif  // CONTINUUM_CPU_AMX
+
+}  // namespace amx
+}  // namespace cpu_detail
+}  // namespace CONTINUUM_CPU_ISA_NAMESPACE
+}  // namespace continuum
