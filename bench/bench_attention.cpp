@@ -155,11 +155,11 @@ double fma_kernel(long iters, T seed) {
   return fma_128<T>(iters, seed);
 }
 
-/// Peak FLOP/s with `threads` threads, best of three ~50 ms trials (long
-/// enough that waking the OpenMP team does not count).
-template <class T>
-double measure_peak(int threads) {
-  const long iters = 12'000'000;
+/// FLOP/s of `loop` (returning the FLOPs it did) run on `threads` threads at
+/// once, best of three trials of ~50 ms (long enough that waking the OpenMP
+/// team does not count).
+template <class Loop>
+double best_rate(int threads, Loop&& loop) {
   double best = 0;
   for (int trial = 0; trial < 3; ++trial) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -167,12 +167,18 @@ double measure_peak(int threads) {
 #if defined(_OPENMP)
 #  pragma omp parallel num_threads(threads) reduction(+ : flops)
 #endif
-    flops += fma_kernel<T>(iters, T(1));
+    flops += loop();
     const double dt =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, flops / dt);
   }
   return best;
+}
+
+/// Peak FLOP/s of the kernels' FMA unit with `threads` threads.
+template <class T>
+double measure_peak(int threads) {
+  return best_rate(threads, [] { return fma_kernel<T>(12'000'000, T(1)); });
 }
 
 /// The AMX-BF16 tile peak: four independent tdpbf16ps chains (16 × 16 × 32
@@ -223,20 +229,7 @@ __attribute__((noinline, target("amx-tile,amx-bf16"))) double amx_loop(long iter
 /// vector path converts bfloat16 to float).
 double measure_peak_bf16(int threads) {
 #if defined(BENCH_AMX)
-  if (std::string(kernel_isa()) == "amx") {
-    double best = 0;
-    for (int trial = 0; trial < 3; ++trial) {
-      const auto t0 = std::chrono::steady_clock::now();
-      double flops = 0;
-#  if defined(_OPENMP)
-#    pragma omp parallel num_threads(threads) reduction(+ : flops)
-#  endif
-      flops += amx_loop(2'000'000);
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      best = std::max(best, flops / dt);
-    }
-    return best;
-  }
+  if (std::string(kernel_isa()) == "amx") return best_rate(threads, [] { return amx_loop(2'000'000); });
 #endif
   return measure_peak<float>(threads);
 }

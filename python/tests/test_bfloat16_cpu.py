@@ -2,7 +2,14 @@
 runs its float32 kernels and rounds each output once to bfloat16; lse and dτ
 stay float32 (docs/MATH.md §10). bfloat16 → float32 is exact and both
 roundings are to nearest even, so a bfloat16 call equals, bit for bit, the
-float32 call on the same values with its outputs rounded to bfloat16."""
+float32 call on the same values with its outputs rounded to bfloat16.
+
+Where the CPU kernels are "amx" (ca.cpu_isa()), the forward's tile products run
+on AMX-BF16 (docs/MATH.md §10, "bfloat16 on AMX"): the scores are c·(q·k) and
+P·V takes the weights rounded to bfloat16, so the forward is held to the
+derived bound instead — the float32 call's output within one bfloat16 rounding
+of itself plus 2^-8·max|v| — and lse to float rounding; the backward (vector
+path, which reads neither out nor lse) stays bit for bit."""
 import pytest
 import torch
 
@@ -37,8 +44,14 @@ def test_bfloat16_is_the_float32_call_rounded_once(kernel, causal, temperature):
     o16, lse16, dq16, dk16, dv16, dt16 = run(torch.bfloat16)
     o32, lse32, dq32, dk32, dv32, dt32 = run(torch.float32)
     assert o16.dtype == torch.bfloat16 and lse16.dtype == torch.float32
-    assert torch.equal(o16, o32.bfloat16())
-    assert torch.equal(lse16, lse32)
+    if ca.cpu_isa() == "amx":
+        u = 2.0 ** -8
+        bound = u * o32.abs() + u * v.float().abs().max() + 1e-6
+        assert ((o16.float() - o32).abs() <= bound).all()
+        assert torch.allclose(lse16, lse32, rtol=1e-5, atol=1e-5)
+    else:
+        assert torch.equal(o16, o32.bfloat16())
+        assert torch.equal(lse16, lse32)
     for g16, g32 in ((dq16, dq32), (dk16, dk32), (dv16, dv32)):
         assert g16.dtype == torch.bfloat16
         assert torch.equal(g16, g32.bfloat16())
