@@ -24,8 +24,9 @@
 #include <catch2/catch.hpp>
 
 #include <cfloat>
+#include <cstring>
 #if defined(__x86_64__)
-#  include <xmmintrin.h>
+#  include <immintrin.h>
 #endif
 
 #include "operator/harness.hpp"
@@ -153,6 +154,21 @@ struct RestoreIsa {
 bool on_amx() { return cd::selected() == cd::Isa::amx; }
 #else
 bool on_amx() { return continuum::cpu_detail::amx::usable(); }
+#endif
+
+#if defined(CONTINUUM_CPU_AMX) || (defined(__x86_64__) && defined(__linux__) && \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)))
+#  define TEST_AMX_CONFIG 1
+/// This thread's AMX tile configuration (64 bytes), set, read and released.
+__attribute__((noinline, target("amx-tile"))) void load_tile_config(const unsigned char* c) {
+  __asm__ __volatile__("" ::: "memory");
+  _tile_loadconfig(c);
+}
+__attribute__((noinline, target("amx-tile"))) void store_tile_config(unsigned char* c) {
+  _tile_storeconfig(c);
+  __asm__ __volatile__("" ::: "memory");
+}
+__attribute__((noinline, target("amx-tile"))) void release_tiles() { _tile_release(); }
 #endif
 
 double max_abs_of(const Tensor<float>& t) {
@@ -291,7 +307,21 @@ TEST_CASE("bfloat16 on AMX: concentrated attention, decode rows, FP state and ti
 #if defined(__x86_64__)
   const unsigned mxcsr = _mm_getcsr();
 #endif
+#if defined(TEST_AMX_CONFIG)
+  // A caller's own tile configuration (palette 1, tile 0: 3 rows × 12 bytes)
+  // is this thread's again after the call (the kernel saves and restores it).
+  alignas(64) unsigned char mine[64] = {}, after[64] = {};
+  mine[0] = 1;
+  mine[16] = 12;
+  mine[48] = 3;
+  load_tile_config(mine);
+#endif
   forward_bf16(c, x, lse);
+#if defined(TEST_AMX_CONFIG)
+  store_tile_config(after);
+  release_tiles();
+  CHECK(std::memcmp(mine, after, 64) == 0);
+#endif
 #if defined(__x86_64__)
   // The caller's FP control state is unchanged (rounding, FTZ, DAZ, exception
   // masks: AMX flushes denormals without MXCSR); the status flags (bits 0–5)
