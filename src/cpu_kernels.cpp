@@ -43,7 +43,8 @@ const cpu_dispatch::KernelTable kernel_table = {
 
 #if defined(CONTINUUM_KERNELS_ISA_avx512)
 // The amx "instruction set": these kernels, with the bfloat16 forward's tile
-// products on AMX-BF16 (backends/cpu/amx.hpp) once amx::usable() says so.
+// products and the backward's score products on AMX-BF16
+// (backends/cpu/amx.hpp) once amx::usable() says so.
 inline const char* compiled_isa_amx() { return "amx"; }
 extern const cpu_dispatch::KernelTable kernel_table_amx;
 const cpu_dispatch::KernelTable kernel_table_amx = {
@@ -53,7 +54,7 @@ const cpu_dispatch::KernelTable kernel_table_amx = {
     {&run_backward<float, ContinuumStencil>, &run_backward<float, SoftmaxStencil>},
     {&run_backward<double, ContinuumStencil>, &run_backward<double, SoftmaxStencil>},
     {&run_forward<bfloat16, ContinuumStencil, true>, &run_forward<bfloat16, SoftmaxStencil, true>},
-    {&run_backward<bfloat16, ContinuumStencil>, &run_backward<bfloat16, SoftmaxStencil>},
+    {&run_backward<bfloat16, ContinuumStencil, true>, &run_backward<bfloat16, SoftmaxStencil, true>},
     &amx::usable,
 };
 #endif

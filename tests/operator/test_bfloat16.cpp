@@ -331,6 +331,22 @@ TEST_CASE("bfloat16 on AMX: concentrated attention, decode rows, FP state and ti
   const Error out = compare(x.o.contiguous(), f.out);
   record("forward out bfloat16 amx tau 0.01", out.rel());
   CHECK(out.max_abs <= (forward_tolerance<float>(max_abs(f.scores), c.D) + u) * out.ref_scale + u * max_abs_of(c.v));
+  // The backward's score products (S, dP) on the tiles add no rounding (their
+  // inputs are bfloat16): the float bound plus the output rounding.
+  {
+    const auto g = continuum::reference::backward(p, c.grad_out_ref<mp>());
+    std::vector<float> dtau;
+    backward_bf16(c, x, dtau);
+    const double btol = backward_tolerance<float>(max_abs(f.scores), c.D);
+    const Error dq = compare(x.dq.contiguous(), g.grad_query), dk = compare(x.dk.contiguous(), g.grad_key),
+                dv = compare(x.dv.contiguous(), g.grad_value);
+    record("backward dQ bfloat16 amx tau 0.01", dq.rel());
+    record("backward dK bfloat16 amx tau 0.01", dk.rel());
+    record("backward dV bfloat16 amx tau 0.01", dv.rel());
+    CHECK(dq.max_abs <= (btol + u) * dq.ref_scale);
+    CHECK(dk.max_abs <= (btol + u) * dk.ref_scale);
+    CHECK(dv.max_abs <= (btol + u) * dv.ref_scale);
+  }
   // A KV-cache decode step (one query, the keys it sees) gives the full
   // forward's row bit for bit on the tiles too.
   for (index_t i : {index_t(0), index_t(127), index_t(128), index_t(149)}) {

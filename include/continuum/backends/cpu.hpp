@@ -12,7 +12,8 @@
 //   bfloat16 storage (cpu/bfloat16.hpp): the call converted to float (or to
 //     double with Compute::float64) once, the kernels in that type, each
 //     output rounded once to bfloat16 (lse and dτ stay float); in float, the
-//     forward's tile products run on AMX-BF16 where the CPU has it (cpu/amx.hpp).
+//     forward's tile products and the backward's score products (S, dP) run
+//     on AMX-BF16 where the CPU has it (cpu/amx.hpp).
 // Rows that double cannot hold (raw scores beyond DBL_MAX, scores beyond 4096
 // from a tiny τ: MATH.md §10, appendix A W12, W13) go on to the same kernels
 // in long double. Rows that see a NaN or an Inf get NaN outputs (tiled.hpp,
@@ -82,14 +83,15 @@ void forward_widened(const ForwardArgs<T>& a, const AttentionShape& sh, double s
 /// entries of dtau_rows. Without: the whole call, every output written.
 template <class W, class Stencil, class T>
 void backward_widened(const BackwardArgs<T>& a, const AttentionShape& sh, double scale,
-                      const std::vector<index_t>* rows, std::vector<double>& dtau_rows) {
+                      const std::vector<index_t>* rows, std::vector<double>& dtau_rows, bool use_amx = false) {
   const WideBackward<W, T> w(a, sh);
   const std::vector<char> subset = rows ? subset_of(*rows, sh.rows()) : std::vector<char>();
   const std::vector<double> dtau = tiled::backward_tiled<W, Stencil>(
       w.args, scale, rows ? subset.data() : nullptr,
       [&](const std::vector<index_t>& declined, std::vector<double>& dt) {
         backward_declined<W, Stencil>(w.args, sh, scale, declined, dt);
-      });
+      },
+      use_amx);
   auto each_element = [](const TensorView<T>& v, const TensorView<W>& wv, auto&& f) {
     if (v.data == nullptr || wv.data == nullptr) return;
     for (index_t b = 0; b < v.batch; ++b)
@@ -154,8 +156,9 @@ void run_forward(const ForwardArgs<T>& args, const AttentionShape& shape, double
     });
 }
 
-/// The CPU backward of one validated call (attention_impl<cpu_t>::backward).
-template <class T, class Stencil>
+/// The CPU backward of one validated call (attention_impl<cpu_t>::backward);
+/// Amx as for run_forward (the score products S and dP on AMX-BF16).
+template <class T, class Stencil, bool Amx = false>
 void run_backward(const BackwardArgs<T>& args, const AttentionShape& shape, double scale) {
   static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value || std::is_same<T, bfloat16>::value,
                 "continuum CPU backend: T must be float, double or continuum::bfloat16");
@@ -166,7 +169,7 @@ void run_backward(const BackwardArgs<T>& args, const AttentionShape& shape, doub
       backward_widened<double, Stencil>(args, shape, scale, nullptr, dtau_rows);
       done = true;
     } else if constexpr (std::is_same<T, bfloat16>::value) {  // storage only: computed in float
-      backward_widened<float, Stencil>(args, shape, scale, nullptr, dtau_rows);
+      backward_widened<float, Stencil>(args, shape, scale, nullptr, dtau_rows, Amx);
       done = true;
     }
   }
@@ -204,6 +207,8 @@ struct attention_impl<cpu_t> {
 #if defined(CONTINUUM_CPU_DISPATCH)
     cpu_dispatch::backward(args, shape, scale, Stencil{});
 #else
+    if constexpr (std::is_same<T, bfloat16>::value)
+      if (cpu_detail::amx::usable()) return cpu_detail::run_backward<T, Stencil, true>(args, shape, scale);
     cpu_detail::run_backward<T, Stencil>(args, shape, scale);
 #endif
   }

@@ -1,9 +1,10 @@
-// backends/cpu/amx.hpp — the tile products of the forward kernel (tiled.hpp)
-// on Intel AMX-BF16 tiles, for bfloat16 storage computed in float (MATH.md
-// §10, "bfloat16 on AMX"):
+// backends/cpu/amx.hpp — tile products of the kernels (tiled.hpp) on Intel
+// AMX-BF16 tiles, for bfloat16 storage computed in float (MATH.md §10,
+// "bfloat16 on AMX"):
 //
 //   S_raw = Q · K_tileᵀ     Q, K exactly their bfloat16 values; S = c_i ⊗ S_raw in float
-//   O    += W̃ · V_tile      W̃ = the stencil weights rounded to bfloat16 (RNE)
+//   O    += W̃ · V_tile      W̃ = the stencil weights rounded to bfloat16 (RNE)  (forward)
+//   dP    = dO · V_tileᵀ    dO, V exactly their bfloat16 values                 (backward)
 //
 // Products of two bfloat16 numbers are exact in float, and tdpbf16ps sums
 // them into float accumulators; its order of summation inside one

@@ -46,6 +46,9 @@
 // each row sees (row_eligibility). Score products of hidden pairs are formed in
 // the S and dP tiles (element by element, never summed) and never read.
 // The Lq × Lk matrices are never stored: memory is O(tiles + rows).
+// bfloat16 storage computed in float (use_amx, where amx::usable()): the
+// forward's S and P·V and the backward's S and dP products run on AMX-BF16
+// tiles (amx.hpp, MATH.md §10, "bfloat16 on AMX"), the rest as above.
 //
 // GQA: query head h reads key/value head h / (Hq / Hk) through the views, no copy.
 // OpenMP: one parallel region per call, never nested (serial when called from
@@ -1238,11 +1241,34 @@ struct BackwardWorkspace {
   std::vector<index_t> ov0 = std::vector<index_t>(kBrBwd), ov1 = std::vector<index_t>(kBrBwd),
                        kb = std::vector<index_t>(kBrBwd), ke = std::vector<index_t>(kBrBwd),
                        rb = std::vector<index_t>(kBc), re = std::vector<index_t>(kBc);
-  BackwardWorkspace(index_t D, index_t Dv)
+  // The score-type products S and dP on AMX (amx.hpp; bfloat16 storage
+  // computed in float): Q's and dO's bfloat16 bits (unscaled), K and V packed
+  // as the B side of a score product (depths padded to Dp, Dvq), every key
+  // packed (S and dP entries of hidden pairs are formed, never read), and a
+  // scratch block for dP at each row's reference key.
+  bool amx = false;
+  index_t Dp = 0, Dvq = 0;
+  std::vector<std::uint16_t> qb, gb, kp, vkp, refp;
+  std::vector<char> all_keys;
+  std::vector<T> refv, tile;
+  BackwardWorkspace(index_t D, index_t Dv, bool use_amx = false)
       : q(kBrBwd, D), dout(kBrBwd, Dv), kt(D, kBc + 2 + kPad<T>), vt(Dv, kBc + 2 + kPad<T>),
         s(kBrBwd, kBc + 2 + kPad<T>), dp(kBrBwd, kBc + 2 + kPad<T>), p(kBrBwd, kBc), ds(kBrBwd, kBc),
         dk(kBc, D), dv(kBc, Dv), e(kBc + 2 + 2 * kPad<T>), g(kBc + 2 + 2 * kPad<T>), ax(kBc + 2 + 2 * kPad<T>),
-        ay(kBc + 2 + 2 * kPad<T>), dx(kBc + 2 + 2 * kPad<T>), dy(kBc + 2 + 2 * kPad<T>) {}
+        ay(kBc + 2 + 2 * kPad<T>), dx(kBc + 2 + 2 * kPad<T>), dy(kBc + 2 + 2 * kPad<T>), amx(use_amx) {
+    if (amx) {
+      Dp = round_up(D, amx::kStep);
+      Dvq = round_up(Dv, amx::kStep);
+      qb.assign(std::size_t(kBrBwd * Dp), 0);
+      gb.assign(std::size_t(kBrBwd * Dvq), 0);
+      kp.resize(std::size_t((kBc + 2 * amx::kCols) * Dp));
+      vkp.resize(std::size_t((kBc + 2 * amx::kCols) * Dvq));
+      refp.resize(std::size_t(amx::kCols * Dvq));
+      all_keys.assign(std::size_t(kBc + 2 * amx::kCols), 1);
+      refv.assign(std::size_t(amx::kCols * Dv), T(0));
+      tile.resize(std::size_t(amx::kRows * amx::kCols));
+    }
+  }
 };
 
 /// Per-row data of one query head, computed once per backward call.
@@ -1266,6 +1292,91 @@ CONTINUUM_NO_FP_CONTRACT_FN inline W wide_dot(const TQ* q, const TK* k, index_t 
   W s = W(0);
   for (index_t d = 0; d < depth; ++d) s += W(q[d]) * W(k[d]);
   return s;
+}
+
+/// The backward's AMX steps (no-ops where kAmx<T> is false: ws.amx is then
+/// never set). Packs the key tile [kk0, kk0 + nk) (and its values, for dP) as
+/// the B side of the score products, nkp / 16 blocks.
+template <class T>
+void pack_backward_tile_amx(const BackwardArgs<T>& a, index_t b, index_t hk, index_t kk0, index_t nk, index_t nkp,
+                            bool values, BackwardWorkspace<T>& ws) {
+  if constexpr (kAmx<T>) {
+    amx::pack_keys(a.key.row(b, hk, kk0), a.key.stride_seq, nk, a.key.dim, ws.Dp, ws.all_keys.data(),
+                   nkp / amx::kCols, ws.kp.data());
+    if (values)
+      amx::pack_keys(a.value.row(b, hk, kk0), a.value.stride_seq, nk, a.value.dim, ws.Dvq, ws.all_keys.data(),
+                     nkp / amx::kCols, ws.vkp.data());
+  }
+}
+
+/// S = c_i ⊗ (q·k) and, with dp, dP = dO·v for the nr rows of query block i0
+/// of head h against the packed tile (nkp columns), into ws.s and ws.dp.
+template <class T>
+void backward_scores_amx(const BackwardArgs<T>& a, index_t b, index_t h, index_t i0, index_t nr, index_t nkp,
+                         const T* c, bool dp, BackwardWorkspace<T>& ws) {
+  if constexpr (kAmx<T>) {
+    const index_t D = a.query.dim, Dv = a.value.dim, lds = ws.s.cols();
+    for (index_t r = 0; r < nr; ++r) {
+      const T* qi = a.query.row(b, h, i0 + r);
+      std::uint16_t* qb = ws.qb.data() + r * ws.Dp;
+      for (index_t d = 0; d < D; ++d) qb[d] = amx::bits_exact(qi[d]);
+      if (dp) {
+        const T* go = a.grad_out.row(b, h, i0 + r);
+        std::uint16_t* gb = ws.gb.data() + r * ws.Dvq;
+        for (index_t d = 0; d < Dv; ++d) gb[d] = amx::bits_exact(go[d]);
+      }
+    }
+#if defined(CONTINUUM_CPU_AMX)
+    for (index_t g = 0; g < nr; g += amx::kRows) {
+      amx::scores(ws.qb.data() + g * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), 0, nkp / amx::kCols,
+                  ws.s.data() + g * lds, lds);
+      if (dp)
+        amx::scores(ws.gb.data() + g * ws.Dvq, ws.Dvq, ws.Dvq, ws.vkp.data(), 0, nkp / amx::kCols,
+                    ws.dp.data() + g * lds, lds);
+    }
+#endif
+    for (index_t r = 0; r < nr; ++r) {
+      T* sr = ws.s.row(r).data();
+      const T cr = c[i0 + r];
+#pragma omp simd
+      for (index_t j = 0; j < nkp; ++j) sr[j] *= cr;
+    }
+  }
+}
+
+/// dP at each row's reference key, dpref[i] = dO_i · v_ref(i), for the rows
+/// with a visible range, on the tiles as the dP tile computes it (each tile
+/// element depends on its own row and column only): 16 rows at a time
+/// against a block whose column n is the value of row n's reference key; the
+/// diagonal is kept.
+template <class T>
+void reference_dp_amx(const BackwardArgs<T>& a, index_t b, index_t h, index_t hk, const std::vector<RowRange>& range,
+                      const std::vector<index_t>& ref, T* dpref, BackwardWorkspace<T>& ws) {
+  if constexpr (kAmx<T>) {
+    const index_t Lq = a.query.seq, Dv = a.value.dim;
+    for (index_t i0 = 0; i0 < Lq; i0 += amx::kRows) {
+      const index_t n = std::min<index_t>(amx::kRows, Lq - i0);
+      std::fill(ws.gb.begin(), ws.gb.begin() + amx::kRows * ws.Dvq, std::uint16_t(0));
+      std::fill(ws.refv.begin(), ws.refv.end(), T(0));
+      bool any = false;
+      for (index_t r = 0; r < n; ++r) {
+        const index_t i = i0 + r;
+        if (range[i].hi <= range[i].lo) continue;
+        any = true;
+        const T* go = a.grad_out.row(b, h, i);
+        for (index_t d = 0; d < Dv; ++d) ws.gb[std::size_t(r * ws.Dvq + d)] = amx::bits_exact(go[d]);
+        const T* vr = a.value.row(b, hk, ref[i]);
+        std::copy(vr, vr + Dv, ws.refv.begin() + r * Dv);
+      }
+      if (!any) continue;
+      amx::pack_keys(ws.refv.data(), Dv, amx::kCols, Dv, ws.Dvq, ws.all_keys.data(), 1, ws.refp.data());
+#if defined(CONTINUUM_CPU_AMX)
+      amx::scores(ws.gb.data(), ws.Dvq, ws.Dvq, ws.refp.data(), 0, 1, ws.tile.data(), amx::kCols);
+#endif
+      for (index_t r = 0; r < n; ++r)
+        if (range[i0 + r].hi > range[i0 + r].lo) dpref[i0 + r] = ws.tile[std::size_t(r * amx::kCols + r)];
+    }
+  }
 }
 
 template <class T, class Stencil>
@@ -1328,6 +1439,10 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
       for (index_t gq = 0; gq < group; ++gq) {
         const index_t h = hk * group + gq;
         RowInfo<T>& ri = rows[gq];
+        if (ws.amx) {
+          reference_dp_amx(a, b, h, hk, ri.range, ri.ref, ri.dpref.data(), ws);
+          continue;
+        }
         for (index_t i = 0; i < Lq; ++i) {
           if (ri.range[i].hi <= ri.range[i].lo) continue;
           // dP at ref with the tile product's own operations (a running
@@ -1345,8 +1460,12 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
       const index_t kk1 = Stencil::has_halo ? std::min(k1 + 1, Lk) : k1;
       const index_t off = k0 - kk0, nk = kk1 - kk0;
       const index_t nkp = round_up(nk, kPad<T>);
-      pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), nkp);
-      if (sweep == 1) pack_transposed(a.value.row(b, hk, kk0), ldv, nk, Dv, ws.vt.data(), nkp);
+      if (ws.amx) {
+        pack_backward_tile_amx(a, b, hk, kk0, nk, nkp, sweep == 1, ws);
+      } else {
+        pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), nkp);
+        if (sweep == 1) pack_transposed(a.value.row(b, hk, kk0), ldv, nk, Dv, ws.vt.data(), nkp);
+      }
       for (index_t gq = 0; gq < group; ++gq) {
         const index_t h = hk * group + gq;
         RowInfo<T>& ri = rows[gq];
@@ -1367,9 +1486,13 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
               std::copy(go, go + Dv, ws.dout.row(r).data());
             }
           }
-          gemm<T>(nr, nkp, D, ws.q.data(), D, 1, ws.kt.data(), nkp, ws.s.data(), lds, false);
-          if (sweep == 1)
-            gemm<T>(nr, nkp, Dv, ws.dout.data(), Dv, 1, ws.vt.data(), nkp, ws.dp.data(), lds, false);
+          if (ws.amx) {
+            backward_scores_amx(a, b, h, i0, nr, nkp, ri.c.data(), sweep == 1, ws);
+          } else {
+            gemm<T>(nr, nkp, D, ws.q.data(), D, 1, ws.kt.data(), nkp, ws.s.data(), lds, false);
+            if (sweep == 1)
+              gemm<T>(nr, nkp, Dv, ws.dout.data(), Dv, 1, ws.vt.data(), nkp, ws.dp.data(), lds, false);
+          }
           for (index_t r = 0; r < nr; ++r) {
             const index_t i = i0 + r;
             const index_t lo = ri.range[i].lo, hi = ri.range[i].hi;
@@ -1484,8 +1607,12 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     ws.dk.topRows(nc).setZero();
     ws.dv.topRows(nc).setZero();
     const index_t nkp = round_up(nk, kPad<T>);
-    pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), nkp);
-    pack_transposed(a.value.row(b, hk, kk0), ldv, nk, Dv, ws.vt.data(), nkp);
+    if (ws.amx) {
+      pack_backward_tile_amx(a, b, hk, kk0, nk, nkp, true, ws);
+    } else {
+      pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), nkp);
+      pack_transposed(a.value.row(b, hk, kk0), ldv, nk, Dv, ws.vt.data(), nkp);
+    }
 
     for (index_t gq = 0; gq < group; ++gq) {
       const index_t h = hk * group + gq;
@@ -1505,8 +1632,12 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
           const T* go = a.grad_out.row(b, h, i);
           std::copy(go, go + Dv, ws.dout.row(r).data());
         }
-        gemm<T>(nr, nkp, D, ws.q.data(), D, 1, ws.kt.data(), nkp, ws.s.data(), lds, false);
-        gemm<T>(nr, nkp, Dv, ws.dout.data(), Dv, 1, ws.vt.data(), nkp, ws.dp.data(), lds, false);
+        if (ws.amx) {
+          backward_scores_amx(a, b, h, i0, nr, nkp, ri.c.data(), true, ws);
+        } else {
+          gemm<T>(nr, nkp, D, ws.q.data(), D, 1, ws.kt.data(), nkp, ws.s.data(), lds, false);
+          gemm<T>(nr, nkp, Dv, ws.dout.data(), Dv, 1, ws.vt.data(), nkp, ws.dp.data(), lds, false);
+        }
 
         for (index_t r = 0; r < nr; ++r) {
           const index_t i = i0 + r;
@@ -1636,7 +1767,7 @@ void write_grad_temperature(const BackwardArgs<T>& a, const std::vector<double>&
 /// terms -(1/τ_i) Σ_j dS_ij s_ij (empty when no dτ is wanted).
 template <class T, class Stencil>
 std::vector<double> backward_run(const BackwardArgs<T>& a, const char* ok, double scale, int threads,
-                                       index_t group) {
+                                       index_t group, bool use_amx) {
   const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
   const index_t D = a.query.dim, Dv = a.value.dim;
   const index_t ntasks = B * Hk;
@@ -1646,7 +1777,12 @@ std::vector<double> backward_run(const BackwardArgs<T>& a, const char* ok, doubl
 #endif
   {
     serial_eigen_in_this_region();
-    BackwardWorkspace<T> ws(D, Dv);
+    const bool amx = kAmx<T> && use_amx && D > 0 && Dv > 0;
+    BackwardWorkspace<T> ws(D, Dv, amx);
+#if defined(CONTINUUM_CPU_AMX)
+    std::optional<amx::Scope> tiles;  // this thread's tile configuration, the caller's restored at the end
+    if (amx) tiles.emplace();
+#endif
     std::vector<RowInfo<T>> rows(static_cast<std::size_t>(group));
 #if defined(_OPENMP)
 #  pragma omp for schedule(dynamic, 1)
@@ -1674,7 +1810,8 @@ std::vector<double> backward_run(const BackwardArgs<T>& a, const char* ok, doubl
 /// declined(rows, dtau_rows), which writes their dQ, adds their dK, dV terms
 /// and sets their dτ terms (backends/cpu.hpp).
 template <class T, class Stencil, class Declined>
-std::vector<double> backward_tiled(const BackwardArgs<T>& a, double scale, const char* subset, Declined&& declined) {
+std::vector<double> backward_tiled(const BackwardArgs<T>& a, double scale, const char* subset, Declined&& declined,
+                                   bool use_amx = false) {
   const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
   const index_t group = Hk > 0 ? Hq / Hk : 0;  // Hk = 0 (nothing to do): no division by zero
   const index_t ntasks = B * Hk;
@@ -1685,7 +1822,7 @@ std::vector<double> backward_tiled(const BackwardArgs<T>& a, double scale, const
   const char* okp = subset || rejected ? ok.data() : nullptr;
   std::vector<double> dtau_rows;
   if (ntasks > 0)
-    dtau_rows = backward_run<T, Stencil>(a, okp, scale, threads, group);
+    dtau_rows = backward_run<T, Stencil>(a, okp, scale, threads, group, use_amx);
   else if (a.grad_temperature)
     dtau_rows.assign(std::size_t(B * Hq * Lq), 0.0);
   if (rejected > 0) {
