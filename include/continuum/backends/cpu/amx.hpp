@@ -21,8 +21,12 @@
 // (target attributes), and used only after amx_usable() — CPUID says AMX-TILE
 // and AMX-BF16, and Linux granted this process the tile data state
 // (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once).
-// AmxScope loads the tile configuration on the calling thread and gives the
-// thread back the caller's configuration (or none) when the kernel is done.
+// amx::Scope loads the tile configuration on the calling thread and gives the
+// thread back the caller's configuration (or none) when the kernel is done;
+// the caller's tile *data* is not kept (loading a configuration clears the
+// tiles; no ABI keeps tile registers across a call). cpu_dispatch asks for the
+// permission when it first chooses an instruction set (the amx check), so a
+// process that links the dispatcher holds it from its first attention call.
 #pragma once
 
 #include <cstdint>

@@ -407,7 +407,7 @@ template <class T>
 index_t row_eligibility(const TensorView<const T>& query, const TensorView<const T>& key,
                         const TensorView<const T>& value, const TensorView<const T>* grad_out,
                         const Visibility& vis, const Temperature<T>& temp, double scale, int threads,
-                        const char* subset, std::vector<char>& ok) {
+                        const char* subset, std::vector<char>& ok, bool unscaled_scores = false) {
   using A = BoundType<T>;
   const index_t B = query.batch, Hq = query.heads, Hk = key.heads, Lq = query.seq, Lk = key.seq;
   ok.assign(std::size_t(B * Hq * Lq), kTiled);
@@ -450,8 +450,9 @@ index_t row_eligibility(const TensorView<const T>& query, const TensorView<const
           // formed in T and folded into q: c and c·q must fit T.
           const A qn = std::sqrt(q2), kmax = std::sqrt(k2), vmax = std::sqrt(v2), gm = std::sqrt(g2);
           const A tmax = A(std::numeric_limits<T>::max());
-          // The AMX products form q·k unscaled (amx.hpp): that must fit T too.
-          bool fine = tau > 0 && c <= tmax && c * qn <= tmax / 2 && qn * kmax <= tmax / 2 &&
+          // unscaled_scores: the AMX products form q·k before c (amx.hpp), so
+          // that must fit T too.
+          bool fine = tau > 0 && c <= tmax && c * qn <= tmax / 2 && (!unscaled_scores || qn * kmax <= tmax / 2) &&
                       c * qn * kmax <= A(kMaxScore<T>) &&
                       A(rg.size() + 1) * vmax <= A(kValueBound<T>);
           // dP = dO · Vᵀ stays far from overflow.
@@ -761,7 +762,9 @@ struct ForwardWorkspace {
 
 /// The inspection maps of one finished row (small inputs; MATH.md §5), each
 /// Lk entries, zero outside the visible keys [lo, hi): P_j = α_j / Z, the
-/// kernel's own stencil weights taken over the whole visible range at once,
+/// kernel's own stencil weights taken over the whole visible range at once
+/// (on AMX the scores here are the vector path's (c q)·k, which agree with the
+/// tiles' c ⊗ (q·k) to float rounding, not bit for bit),
 /// and π_j = the half-token cell mass / Z. qs is the row's query scaled by c,
 /// m and l its final maximum and Σ α e^{-m}.
 template <class T, class Stencil>
@@ -817,7 +820,16 @@ void write_row(const ForwardArgs<T>& a, index_t b, index_t h, index_t i, index_t
   const bool empty = !(ws.l[r] > T(0));
   T* out = a.out.row(b, h, i);
   const T inv = empty ? T(0) : T(1) / ws.l[r];
-  for (index_t d = 0; d < Dv; ++d) out[d] = empty ? T(0) : ws.o(r, d) * inv;
+  // AMX: an accumulator can be −0 (a tiny negative sum flushed to zero by the
+  // tiles), and the 0 · v of a key that only other rows of the task see
+  // (+0 or −0) would then decide its sign: + 0 makes every zero +0, so that
+  // no bit depends on data the row cannot see.
+  const T plus_zero = T(0);
+  for (index_t d = 0; d < Dv; ++d) {
+    T x = empty ? T(0) : ws.o(r, d) * inv;
+    if (ws.amx) x += plus_zero;
+    out[d] = x;
+  }
   if (a.lse) a.lse[(b * Hq + h) * Lq + i] = empty ? -std::numeric_limits<T>::infinity() : ws.m[r] + std::log(ws.l[r]);
   if (a.probs || a.cell_mass) {
     const index_t row = (b * Hq + h) * Lq + i;
@@ -907,6 +919,12 @@ template <class T>
 void chunk_halo_amx(const ForwardArgs<T>& a, index_t b, index_t hk, index_t k0, index_t nr, index_t nr_tiles,
                     ForwardWorkspace<T>& ws) {
   if constexpr (kAmx<T>) {
+    bool needed = false;  // key k0 − 1 is loaded only when a row sees it
+    for (index_t r = 0; r < nr; ++r) needed |= ws.range[r].lo < k0 && ws.range[r].hi > k0;
+    if (!needed) {
+      for (index_t r = 0; r < nr; ++r) ws.s(r, 0) = T(0);
+      return;
+    }
     std::fill(ws.seen.begin(), ws.seen.begin() + amx::kCols, char(0));
     ws.seen[amx::kCols - 1] = 1;
     amx::pack_keys(a.key.row(b, hk, k0 - amx::kCols), a.key.stride_seq, amx::kCols, a.key.dim, ws.Dp,
@@ -1169,15 +1187,15 @@ void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, De
   std::vector<T> partial(chunks > 1 ? std::size_t(ntasks * chunks * task_rows * (Dv + 2)) : 0);
   const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
   std::vector<char> ok;
+  const bool amx = kAmx<T> && use_amx && D > 0 && Dv > 0;
   const index_t rejected = row_eligibility<T>(a.query, a.key, a.value, nullptr, a.visibility, a.temperature, scale,
-                                              threads, subset, ok);
+                                              threads, subset, ok, amx);
   if (ntasks == 0) return;
 #if defined(_OPENMP)
 #  pragma omp parallel num_threads(threads) if (threads > 1)
 #endif
   {
     serial_eigen_in_this_region();
-    const bool amx = kAmx<T> && use_amx && D > 0 && Dv > 0;
     ForwardWorkspace<T> ws(D, Dv, task_rows, amx);
 #if defined(CONTINUUM_CPU_AMX)
     std::optional<amx::Scope> tiles;  // this thread's tile configuration, the caller's restored at the end
@@ -1817,12 +1835,13 @@ std::vector<double> backward_tiled(const BackwardArgs<T>& a, double scale, const
   const index_t ntasks = B * Hk;
   const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
   std::vector<char> ok;
+  const bool amx = kAmx<T> && use_amx && a.query.dim > 0 && a.value.dim > 0;
   const index_t rejected = row_eligibility<T>(a.query, a.key, a.value, &a.grad_out, a.visibility, a.temperature,
-                                              scale, threads, subset, ok);
+                                              scale, threads, subset, ok, amx);
   const char* okp = subset || rejected ? ok.data() : nullptr;
   std::vector<double> dtau_rows;
   if (ntasks > 0)
-    dtau_rows = backward_run<T, Stencil>(a, okp, scale, threads, group, use_amx);
+    dtau_rows = backward_run<T, Stencil>(a, okp, scale, threads, group, amx);
   else if (a.grad_temperature)
     dtau_rows.assign(std::size_t(B * Hq * Lq), 0.0);
   if (rejected > 0) {
