@@ -12,8 +12,10 @@
 //   bfloat16 storage (cpu/bfloat16.hpp): the call converted to float (or to
 //     double with Compute::float64) once, the kernels in that type, each
 //     output rounded once to bfloat16 (lse and dτ stay float); in float, the
-//     forward's tile products and the backward's score products (S, dP) run
-//     on AMX-BF16 where the CPU has it (cpu/amx.hpp).
+//     stencil is evaluated to bfloat16's accuracy (2^-14 relative per term,
+//     cpu/vector_moments.hpp, StencilAccuracy::bf16), and the forward's tile
+//     products and the backward's score products (S, dP) run on AMX-BF16
+//     where the CPU has it (cpu/amx.hpp).
 // Rows that double cannot hold (raw scores beyond DBL_MAX, scores beyond 4096
 // from a tiny τ: MATH.md §10, appendix A W12, W13) go on to the same kernels
 // in long double. Rows that see a NaN or an Inf get NaN outputs (tiled.hpp,
@@ -64,14 +66,15 @@ void backward_declined(const BackwardArgs<T>& a, const AttentionShape& sh, doubl
 /// into the caller's arguments.
 template <class W, class Stencil, class T>
 void forward_widened(const ForwardArgs<T>& a, const AttentionShape& sh, double scale,
-                     const std::vector<index_t>* rows, bool use_amx = false) {
+                     const std::vector<index_t>* rows, bool use_amx = false,
+                     StencilAccuracy accuracy = StencilAccuracy::full) {
   const WideForward<W, T> w(a, sh);
   const std::vector<char> subset = rows ? subset_of(*rows, sh.rows()) : std::vector<char>();
   tiled::forward_tiled<W, Stencil>(w.args, scale, rows ? subset.data() : nullptr,
                                      [&](const std::vector<index_t>& declined) {
                                        forward_declined<W, Stencil>(w.args, sh, scale, declined);
                                      },
-                                     use_amx);
+                                     use_amx, accuracy);
   if (rows)
     for (index_t r : *rows) w.narrow(a, r);
   else
@@ -83,7 +86,8 @@ void forward_widened(const ForwardArgs<T>& a, const AttentionShape& sh, double s
 /// entries of dtau_rows. Without: the whole call, every output written.
 template <class W, class Stencil, class T>
 void backward_widened(const BackwardArgs<T>& a, const AttentionShape& sh, double scale,
-                      const std::vector<index_t>* rows, std::vector<double>& dtau_rows, bool use_amx = false) {
+                      const std::vector<index_t>* rows, std::vector<double>& dtau_rows, bool use_amx = false,
+                      StencilAccuracy accuracy = StencilAccuracy::full) {
   const WideBackward<W, T> w(a, sh);
   const std::vector<char> subset = rows ? subset_of(*rows, sh.rows()) : std::vector<char>();
   const std::vector<double> dtau = tiled::backward_tiled<W, Stencil>(
@@ -91,7 +95,7 @@ void backward_widened(const BackwardArgs<T>& a, const AttentionShape& sh, double
       [&](const std::vector<index_t>& declined, std::vector<double>& dt) {
         backward_declined<W, Stencil>(w.args, sh, scale, declined, dt);
       },
-      use_amx);
+      use_amx, accuracy);
   auto each_element = [](const TensorView<T>& v, const TensorView<W>& wv, auto&& f) {
     if (v.data == nullptr || wv.data == nullptr) return;
     for (index_t b = 0; b < v.batch; ++b)
@@ -148,7 +152,7 @@ void run_forward(const ForwardArgs<T>& args, const AttentionShape& shape, double
   if constexpr (!std::is_same<T, double>::value) {  // float or bfloat16 storage
     if (args.compute == Compute::float64) return forward_widened<double, Stencil>(args, shape, scale, nullptr);
     if constexpr (std::is_same<T, bfloat16>::value)  // storage only: computed in float
-      return forward_widened<float, Stencil>(args, shape, scale, nullptr, Amx);
+      return forward_widened<float, Stencil>(args, shape, scale, nullptr, Amx, StencilAccuracy::bf16);
   }
   if constexpr (!std::is_same<T, bfloat16>::value)
     tiled::forward_tiled<T, Stencil>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
@@ -169,7 +173,7 @@ void run_backward(const BackwardArgs<T>& args, const AttentionShape& shape, doub
       backward_widened<double, Stencil>(args, shape, scale, nullptr, dtau_rows);
       done = true;
     } else if constexpr (std::is_same<T, bfloat16>::value) {  // storage only: computed in float
-      backward_widened<float, Stencil>(args, shape, scale, nullptr, dtau_rows, Amx);
+      backward_widened<float, Stencil>(args, shape, scale, nullptr, dtau_rows, Amx, StencilAccuracy::bf16);
       done = true;
     }
   }

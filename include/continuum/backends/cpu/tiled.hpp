@@ -509,6 +509,17 @@ void write_nonfinite_rows(const BackwardArgs<T>& a, const std::vector<char>& ok,
 // what the tail lanes wrote where it matters (see each caller).
 // ---------------------------------------------------------------------------
 
+/// f(std::integral_constant<StencilAccuracy, A>{}) for the run-time accuracy
+/// `a` (StencilAccuracy::bf16 only where T is float: vector_moments.hpp).
+template <class T, class F>
+inline decltype(auto) with_accuracy(StencilAccuracy a, F&& f) {
+  using Full = std::integral_constant<StencilAccuracy, StencilAccuracy::full>;
+  using Bf16 = std::integral_constant<StencilAccuracy, StencilAccuracy::bf16>;
+  if constexpr (std::is_same<T, float>::value)
+    if (a == StencilAccuracy::bf16) return f(Bf16{});
+  return f(Full{});
+}
+
 /// Largest s[c] over c in [c0, c1); -inf when the range is empty.
 template <class T>
 inline T row_max(const T* s, index_t c0, index_t c1) {
@@ -556,10 +567,10 @@ inline typename Simd<T>::v shift_in(typename Simd<T>::v prev, typename Simd<T>::
 /// a segment, and w[c] = α_c e^{-m} = (weight from the left segment + weight
 /// from the right segment) · e^{-m}, with the flat half-token cell e^{s-m}/2 at
 /// the first knot when `half_lo` and at the last when `half_hi`. Returns
-/// Σ_c w[c]. One pass: e^{s-m}, the segment weights and the sum per vector;
-/// w is written on [c0, c1 + W - 2) (zeros from c1 on), s is read on
+/// Σ_c w[c]. Two passes: e^{s-m} into w, then the segment weights and the
+/// sum per vector; w is written on [c0, c1 + W - 2) (zeros from c1 on), s is read on
 /// [c0, c1 + W - 1): both buffers carry W spare elements.
-template <class T>
+template <class T, StencilAccuracy A = StencilAccuracy::full>
 inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bool half_lo, bool half_hi) {
   const T e0 = exp_clamped(s[c0] - m);
 #if defined(CONTINUUM_CPU_SIMD)
@@ -580,7 +591,7 @@ inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bo
   const auto step = [&](index_t c, auto partial) {
     constexpr bool kPartial = decltype(partial)::value;
     const V x = S::load(s + c - 1), y = S::load(s + c);
-    const V ey = O::exp_clamped(y - m);
+    const V ey = S::load(w + c);  // e^{y - m}, from the first pass
     const V ex = shift_in<T>(e_prev, ey);
     const VI y_near = y >= x, x_near = x >= y;  // which knot takes the near weight (ties: both)
     V b = O::vabs(x - y);
@@ -590,7 +601,7 @@ inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bo
       b = valid ? b : V{};
     }
     V near, far;
-    O::segment_weights(b, ex, ey, near, far);
+    O::template segment_weights<A>(b, ex, ey, near, far);
     const V left = y_near ? near : far;   // weight of knot j from this segment
     const V right = x_near ? near : far;  // weight of knot j - 1 from this segment
     V wv = shift_in<T>(left_prev, left) + right;
@@ -600,6 +611,11 @@ inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bo
     e_prev = ey;
     left_prev = left;
   };
+  // First pass: the knots' exponentials into w (the positions the second
+  // pass reads before it overwrites them). Taking exp out of the segment loop
+  // shortens that loop's dependency chain, so more of its iterations overlap;
+  // the values are the same.
+  for (index_t c = c0 + 1; c < c1; c += S::W) S::store(w + c, O::exp_clamped(S::load(s + c) - m));
   index_t c = c0 + 1;
   for (; c + S::W <= c1; c += S::W) step(c, std::false_type{});
   if (c < c1) step(c, std::true_type{});
@@ -621,7 +637,7 @@ inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bo
     const T ey = exp_clamped(y - m);
     const T b = x > y ? x - y : y - x;
     T near, far;
-    segment_weights(b, e_prev, ey, near, far);
+    segment_weights<T, A>(b, e_prev, ey, near, far);
     w[j - 1] = left_prev + (x >= y ? near : far);
     sum += w[j - 1];
     left_prev = y >= x ? near : far;
@@ -678,7 +694,7 @@ inline void row_exp(const T* s, T* e, T m, index_t c0, index_t c1) {
 /// ax/dx[c-1] the weight / dS part knot c-1 gets from its right segment,
 /// ay/dy[c] those knot c gets from its left segment. Tail lanes also write
 /// ay/dy[c1 …] and ax/dx[c1 - 1 …].
-template <class T>
+template <class T, StencilAccuracy A = StencilAccuracy::full>
 inline void row_segments_backward(const T* s, const T* e, const T* g, T* ax, T* ay, T* dx, T* dy, index_t c0,
                                   index_t c1) {
 #if defined(CONTINUUM_CPU_SIMD)
@@ -689,7 +705,7 @@ inline void row_segments_backward(const T* s, const T* e, const T* g, T* ax, T* 
     const V x = S::load(s + c - 1), y = S::load(s + c);
     const V b = x > y ? x - y : y - x;
     V near, far, dnear, dfar, cpl;
-    VectorOps<T>::segment_terms(b, S::load(e + c - 1), S::load(e + c), near, far, dnear, dfar, cpl);
+    VectorOps<T>::template segment_terms<A>(b, S::load(e + c - 1), S::load(e + c), near, far, dnear, dfar, cpl);
     const V gx = S::load(g + c - 1), gy = S::load(g + c);
     const auto xn = x >= y, yn = y >= x;
     S::store(ax + c - 1, xn ? near : far);
@@ -705,7 +721,7 @@ inline void row_segments_backward(const T* s, const T* e, const T* g, T* ax, T* 
     const T x = s[c - 1], y = s[c];
     const T b = x > y ? x - y : y - x;
     T near, far, dnear, dfar, cpl;
-    segment_terms(b, e[c - 1], e[c], near, far, dnear, dfar, cpl);
+    segment_terms<T, A>(b, e[c - 1], e[c], near, far, dnear, dfar, cpl);
     const bool xn = x >= y, yn = y >= x;
     ax[c - 1] = xn ? near : far;
     ay[c] = yn ? near : far;
@@ -733,6 +749,8 @@ struct ForwardWorkspace {
   // Q's bfloat16 bits (unscaled), c_i, the packed K and V tiles, W̃'s bits,
   // which keys of the tile some row of the task sees, and the halo's scores.
   bool amx = false;
+  // The stencil's accuracy: bf16 for bfloat16 storage computed in float.
+  StencilAccuracy accuracy = StencilAccuracy::full;
   index_t Dp = 0, Dvp = 0;
   std::vector<std::uint16_t> qb, kp, vp, wb;
   std::vector<T> c, halo;
@@ -785,7 +803,9 @@ void write_maps(const T* qs, const TensorView<const T>& key, index_t b, index_t 
     sb[j] = acc;
   }
   if constexpr (Stencil::has_halo)
-    row_continuum_weights(sb, m, wb, lo, hi, true, true);
+    with_accuracy<T>(ws.accuracy, [&](auto acc) {
+      return row_continuum_weights<T, decltype(acc)::value>(sb, m, wb, lo, hi, true, true);
+    });
   else
     row_exp_sum(sb, m, wb, lo, hi);
   if (prow)
@@ -1079,7 +1099,9 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
         const index_t ce0 = (Stencil::has_halo && vlo - 1 >= lo) ? cv0 - 1 : cv0;
         T lsum;
         if constexpr (Stencil::has_halo)
-          lsum = row_continuum_weights(sr, m, wr, ce0, cv1, lo >= k0, hi <= k1);
+          lsum = with_accuracy<T>(ws.accuracy, [&](auto acc) {
+            return row_continuum_weights<T, decltype(acc)::value>(sr, m, wr, ce0, cv1, lo >= k0, hi <= k1);
+          });
         else
           lsum = row_exp_sum(sr, m, wr, ce0, cv1);
         ws.l[r] += lsum;
@@ -1161,10 +1183,11 @@ inline bool task_has_rows(const std::vector<char>& ok, const char* subset, index
 /// next wider type (backends/cpu.hpp); rows that see a NaN or an Inf get NaN
 /// outputs (write_nonfinite_rows). use_amx: the tile products on AMX-BF16
 /// (amx.hpp) — only for float arguments that hold bfloat16 values (bfloat16
-/// storage), and only where amx::usable().
+/// storage), and only where amx::usable(). accuracy: the stencil's
+/// (vector_moments.hpp; bf16 for bfloat16 storage, MATH.md §10).
 template <class T, class Stencil, class Declined>
 void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, Declined&& declined,
-                   bool use_amx = false) {
+                   bool use_amx = false, StencilAccuracy accuracy = StencilAccuracy::full) {
   const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq, D = a.query.dim;
   const index_t Dv = a.value.dim;
   // Tasks: blocks of kBr query rows of one head; when the whole GQA group's
@@ -1197,6 +1220,7 @@ void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, De
   {
     serial_eigen_in_this_region();
     ForwardWorkspace<T> ws(D, Dv, task_rows, amx);
+    ws.accuracy = accuracy;
 #if defined(CONTINUUM_CPU_AMX)
     std::optional<amx::Scope> tiles;  // this thread's tile configuration, the caller's restored at the end
     if (amx) tiles.emplace();
@@ -1265,6 +1289,8 @@ struct BackwardWorkspace {
   // packed (S and dP entries of hidden pairs are formed, never read), and a
   // scratch block for dP at each row's reference key.
   bool amx = false;
+  // The stencil's accuracy: bf16 for bfloat16 storage computed in float.
+  StencilAccuracy accuracy = StencilAccuracy::full;
   index_t Dp = 0, Dvq = 0;
   std::vector<std::uint16_t> qb, gb, kp, vkp, refp;
   std::vector<char> all_keys;
@@ -1536,7 +1562,10 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
             if constexpr (Stencil::has_halo) {
               T* ax = ws.ax.data();
               T* ay = ws.ay.data();
-              row_segments_backward(sr, e, ws.g.data(), ax, ay, ws.dx.data(), ws.dy.data(), kv0 + 1, kv1);
+              with_accuracy<T>(ws.accuracy, [&](auto acc) {
+                row_segments_backward<T, decltype(acc)::value>(sr, e, ws.g.data(), ax, ay, ws.dx.data(),
+                                                               ws.dy.data(), kv0 + 1, kv1);
+              });
               ay[kv0] = T(0);
               ax[kv1 - 1] = T(0);
               if (lo >= kk0) ay[lo - kk0] += T(0.5) * e[lo - kk0];
@@ -1689,7 +1718,9 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
             T* ay = ws.ay.data();  // … from its left-hand segment
             T* dx = ws.dx.data();  // dS contributions from the right-hand segment
             T* dy = ws.dy.data();  // … from the left-hand segment
-            row_segments_backward(sr, e, g, ax, ay, dx, dy, kv0 + 1, kv1);
+            with_accuracy<T>(ws.accuracy, [&](auto acc) {
+              row_segments_backward<T, decltype(acc)::value>(sr, e, g, ax, ay, dx, dy, kv0 + 1, kv1);
+            });
             ay[kv0] = T(0);
             dy[kv0] = T(0);
             ax[kv1 - 1] = T(0);  // (also clears what the tail lanes wrote there)
@@ -1785,7 +1816,7 @@ void write_grad_temperature(const BackwardArgs<T>& a, const std::vector<double>&
 /// terms -(1/τ_i) Σ_j dS_ij s_ij (empty when no dτ is wanted).
 template <class T, class Stencil>
 std::vector<double> backward_run(const BackwardArgs<T>& a, const char* ok, double scale, int threads,
-                                       index_t group, bool use_amx) {
+                                       index_t group, bool use_amx, StencilAccuracy accuracy) {
   const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
   const index_t D = a.query.dim, Dv = a.value.dim;
   const index_t ntasks = B * Hk;
@@ -1797,6 +1828,7 @@ std::vector<double> backward_run(const BackwardArgs<T>& a, const char* ok, doubl
     serial_eigen_in_this_region();
     const bool amx = kAmx<T> && use_amx && D > 0 && Dv > 0;
     BackwardWorkspace<T> ws(D, Dv, amx);
+    ws.accuracy = accuracy;
 #if defined(CONTINUUM_CPU_AMX)
     std::optional<amx::Scope> tiles;  // this thread's tile configuration, the caller's restored at the end
     if (amx) tiles.emplace();
@@ -1826,10 +1858,11 @@ std::vector<double> backward_run(const BackwardArgs<T>& a, const char* ok, doubl
 /// wanted; 0 for the other rows); grad_temperature itself is not written.
 /// Rows the tiled kernel in T does not take (row_eligibility) are handed to
 /// declined(rows, dtau_rows), which writes their dQ, adds their dK, dV terms
-/// and sets their dτ terms (backends/cpu.hpp).
+/// and sets their dτ terms (backends/cpu.hpp). use_amx and accuracy as for
+/// forward_tiled.
 template <class T, class Stencil, class Declined>
 std::vector<double> backward_tiled(const BackwardArgs<T>& a, double scale, const char* subset, Declined&& declined,
-                                   bool use_amx = false) {
+                                   bool use_amx = false, StencilAccuracy accuracy = StencilAccuracy::full) {
   const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
   const index_t group = Hk > 0 ? Hq / Hk : 0;  // Hk = 0 (nothing to do): no division by zero
   const index_t ntasks = B * Hk;
@@ -1841,7 +1874,7 @@ std::vector<double> backward_tiled(const BackwardArgs<T>& a, double scale, const
   const char* okp = subset || rejected ? ok.data() : nullptr;
   std::vector<double> dtau_rows;
   if (ntasks > 0)
-    dtau_rows = backward_run<T, Stencil>(a, okp, scale, threads, group, amx);
+    dtau_rows = backward_run<T, Stencil>(a, okp, scale, threads, group, amx, accuracy);
   else if (a.grad_temperature)
     dtau_rows.assign(std::size_t(B * Hq * Lq), 0.0);
   if (rejected > 0) {

@@ -32,6 +32,16 @@
 // Accuracy against the scalar primitives (math/curve.hpp) is measured by
 // tests/unit/test_vector_moments.cpp (few ulp; see the bounds there).
 //
+// StencilAccuracy::bf16 (bfloat16 storage computed in float, MATH.md §10,
+// "The bfloat16 stencil"): every term to a relative error of 2^-14 instead of
+// a few float ulp. The closed forms lose about 12 ulp / b² (ν, μ1) and
+// ~70 ulp / b³ (κ, ν2, μ2) to cancellation, which is below 2^-14 for b ≥ 1/4
+// (forward terms) and b ≥ 1/2 (backward terms), so the series regime shrinks to
+// b ≤ 1/4: a degree-2 interpolant in b - 1/8 (ν, μ1; relative error 8.2e-6,
+// 3.5e-5), and b ≤ 1/2: degree 3 in b - 1/4 (ν2, μ2, κ; 5.7e-7, 1.0e-5,
+// 3.2e-6). Fewer vectors mix the two regimes and the series is short; exp is
+// the same (the closed forms amplify its error by the same 1/b², 1/b³).
+//
 // exp_clamped(x): e^x for x ≤ 88.7 (float) / 709 (double); returns exactly 0
 // below the normal range (x < -87.33 / -708.39) instead of a subnormal, so the
 // kernels never produce denormals from exp (MATH.md §10 "underflow flush"; appendix A, W11).
@@ -86,6 +96,15 @@ struct VectorMath<float> {
   static constexpr float nu2[9] = {0.264241117657115356809f, -0.0569644705591759140081f, 0.0102906177373653966141f, -0.00159307953247720473726f, 0.000215233199883218764829f, -0.0000257539656556881141966f, 0.00000276349058774268439519f, -0.000000273006195044258394490f, 0.0000000241765545048020617732f};
   static constexpr float mu2[9] = {0.160602794142788392022f, -0.113928937984686037759f, 0.0439181616286408447688f, -0.0118837399563572908651f, 0.00249723846981629780758f, -0.000430309527505770238402f, 0.0000629969961317264382699f, -0.00000823085461412251570996f, 0.000000923372913862732882544f};
   static constexpr float kappa[9] = {0.103638323514326964787f, -0.0466738525648153102376f, 0.0130463086735398620829f, -0.00275569523634685326414f, 0.000473689966413774221387f, -0.0000689652524902137843802f, 0.00000873174694623003050550f, -0.000000999434625122856925356f, 0.000000100238265764926104585f};
+  // StencilAccuracy::bf16: interpolants on b ∈ [0, 1/4] in t = b - 1/8 (ν, μ1)
+  // and on b ∈ [0, 1/2] in t = b - 1/4 (ν2, μ2, κ), from mpmath.chebyfit at 60
+  // digits (scripts/gen_moments_bf16.py); max relative error on the interval:
+  // nu 8.2e-6; mu1 3.5e-5; nu2 5.7e-7; mu2 1.0e-5; kappa 3.2e-6.
+  static constexpr float nu_bf16[3] = {0.479801765414105783353f, -0.156719907308229324991f, 0.0386829807220610869595f};
+  static constexpr float mu1_bf16[3] = {0.460223013909130993728f, -0.303945185872684446101f, 0.113201553995910602161f};
+  static constexpr float nu2_bf16[4] = {0.313499600849580774124f, -0.0754969486519073902147f, 0.0147459514237650038541f, -0.00241293239348970929749f};
+  static constexpr float mu2_bf16[4] = {0.276669236239785122527f, -0.204855375303457746735f, 0.0815441655103563333131f, -0.0224830088127026837427f};
+  static constexpr float kappa_bf16[4] = {0.147312359949398999787f, -0.0718157331913945730703f, 0.021234683111514619187f, -0.00465842676920657896736f};
 };
 
 template <>
@@ -146,6 +165,37 @@ struct VectorMath<long double> {
   static constexpr const double (&kappa)[15] = VectorMath<double>::kappa;
 };
 
+/// The accuracy the segment terms are evaluated to: `full`, a few ulp of the
+/// compute type; `bf16`, 2^-14 relative (bfloat16 storage computed in float;
+/// see the file comment). Only float has a bf16 variant: double (bfloat16
+/// storage with Compute::float64, and the rows float cannot hold) is always
+/// `full`.
+enum class StencilAccuracy { full, bf16 };
+
+/// Where the series regime ends (b ≤ edge), the point its interpolants are
+/// centred on, and their coefficients, for the forward terms (ν, μ1) and the
+/// backward ones (ν2, μ2, κ).
+template <class T, StencilAccuracy A>
+struct Series {
+  using M = VectorMath<T>;
+  static constexpr T fwd_edge = T(2), fwd_centre = T(1), bwd_edge = T(2), bwd_centre = T(1);
+  static constexpr const auto& nu = M::nu;
+  static constexpr const auto& mu1 = M::mu1;
+  static constexpr const auto& nu2 = M::nu2;
+  static constexpr const auto& mu2 = M::mu2;
+  static constexpr const auto& kappa = M::kappa;
+};
+template <>
+struct Series<float, StencilAccuracy::bf16> {
+  using M = VectorMath<float>;
+  static constexpr float fwd_edge = 0.25f, fwd_centre = 0.125f, bwd_edge = 0.5f, bwd_centre = 0.25f;
+  static constexpr const auto& nu = M::nu_bf16;
+  static constexpr const auto& mu1 = M::mu1_bf16;
+  static constexpr const auto& nu2 = M::nu2_bf16;
+  static constexpr const auto& mu2 = M::mu2_bf16;
+  static constexpr const auto& kappa = M::kappa_bf16;
+};
+
 /// Horner evaluation of c[0] + c[1] t + … + c[N-1] t^{N-1}, in T.
 template <class T, class C, int N>
 inline T horner(const C (&c)[N], T t) {
@@ -164,18 +214,19 @@ inline T exp_clamped(T x) {
 /// Forward weights of one segment: `near` = eM ν(-b) goes to the knot with the
 /// larger score, `far` = eM μ1(-b) to the other. Ex, Ey are the knots'
 /// exponentials (same shift), b = |x - y| ≥ 0 finite.
-template <class T>
+template <class T, StencilAccuracy A = StencilAccuracy::full>
 inline void segment_weights(T b, T Ex, T Ey, T& near, T& far) {
-  using M = VectorMath<T>;
+  using R = Series<T, A>;
   const T eM = Ex > Ey ? Ex : Ey;
   const T eMin = Ex > Ey ? Ey : Ex;
   const T t = b - T(1);
-  const T pn = eM * horner(M::nu, t);
-  const T pf = eM * horner(M::mu1, t);
-  const T r = T(1) / (b > T(2) ? b : T(2));  // the closed form is only used for b > 2
+  const T tp = b - R::fwd_centre;
+  const T pn = eM * horner(R::nu, tp);
+  const T pf = eM * horner(R::mu1, tp);
+  const T r = T(1) / (b > R::fwd_edge ? b : R::fwd_edge);  // the closed form is only used for b > edge
   const T cn = (eM * (t * r) + eMin * r) * r;
   const T cf = ((eM - (T(1) + b) * eMin) * r) * r;
-  const bool series = b <= T(2);
+  const bool series = b <= R::fwd_edge;
   near = series ? pn : cn;
   far = series ? pf : cf;
 }
@@ -184,23 +235,24 @@ inline void segment_weights(T b, T Ex, T Ey, T& near, T& far) {
 /// the derivatives of each weight with respect to its own knot's score
 /// (dnear = eM ν2, dfar = eM μ2), and the coupling eM κ (the derivative of
 /// either weight with respect to the other knot's score).
-template <class T>
+template <class T, StencilAccuracy A = StencilAccuracy::full>
 inline void segment_terms(T b, T Ex, T Ey, T& near, T& far, T& dnear, T& dfar, T& coupling) {
-  using M = VectorMath<T>;
+  using R = Series<T, A>;
   const T eM = Ex > Ey ? Ex : Ey;
   const T eMin = Ex > Ey ? Ey : Ex;
   const T t = b - T(1);
-  const T pk = eM * horner(M::kappa, t);
-  const T pn2 = eM * horner(M::nu2, t);
-  const T pm2 = eM * horner(M::mu2, t);
-  const T r = T(1) / (b > T(2) ? b : T(2));
+  const T tp = b - R::bwd_centre;
+  const T pk = eM * horner(R::kappa, tp);
+  const T pn2 = eM * horner(R::nu2, tp);
+  const T pm2 = eM * horner(R::mu2, tp);
+  const T r = T(1) / (b > R::bwd_edge ? b : R::bwd_edge);
   const T cn = (eM * (t * r) + eMin * r) * r;
   const T cf = ((eM - (T(1) + b) * eMin) * r) * r;
   const T ck = (((b - T(2)) * r) * eM + ((b + T(2)) * r) * eMin) * r * r;
   const T u = t * r;
   const T cn2 = eM * (u * u) * r + (((eM - T(2) * eMin) * r) * r) * r;
   const T cm2 = (T(2) * cf - eMin) * r;
-  const bool series = b <= T(2);
+  const bool series = b <= R::bwd_edge;
   near = series ? pn2 + pk : cn;
   far = series ? pm2 + pk : cf;
   dnear = series ? pn2 : cn2;
@@ -278,7 +330,7 @@ struct VectorOps {
     }
   }
 
-  /// 1/x for x ≥ 2 (finite or +∞). AVX-512: 14-bit estimate refined by Newton
+  /// 1/x for x ≥ 1/4 (finite or +∞). AVX-512: 14-bit estimate refined by Newton
   /// steps (one for float, two for double: error ≤ 2^-28 / 2^-56 before the
   /// final rounding); elsewhere a division.
   static V reciprocal(V x) {
@@ -301,6 +353,21 @@ struct VectorOps {
     return T(1) / x;
   }
 
+  /// 1/x for x ≥ 1/4 (finite) to the stencil accuracy A: at bf16 accuracy on
+  /// AVX2 (float), the 12-bit estimate vrcpps refined by one Newton step
+  /// (relative error ≤ 2^-22, far below 2^-14) instead of a division;
+  /// otherwise reciprocal().
+  template <StencilAccuracy A>
+  static V reciprocal_to(V x) {
+#if defined(__AVX__) && !defined(__AVX512F__)
+    if constexpr (kSimdBytes == 32 && kFloat && A == StencilAccuracy::bf16) {
+      V r = (V)_mm256_rcp_ps((__m256)x);
+      return r + r * (T(1) - x * r);
+    }
+#endif
+    return reciprocal(x);
+  }
+
   template <int N>
   static V horner(const T (&c)[N], V t) {
     V p = splat(c[N - 1]);
@@ -317,43 +384,64 @@ struct VectorOps {
   }
   static V vmin(V a, V b) { return a > b ? b : a; }
 
-  /// Lanes with b ≤ 2 (the polynomial regime): 0 = none, 1 = some, 2 = all.
+  /// Lanes with b ≤ edge (the polynomial regime): 0 = none, 1 = some, 2 = all.
   /// The kernels evaluate only the regime that occurs in a vector; the result
   /// is the same as evaluating both and blending (lane by lane the same ops).
-  static int series_lanes(V b) {
+  static int series_lanes(V b, T edge) {
 #if defined(__AVX512F__)
     if constexpr (kSimdBytes == 64) {
       unsigned m;
       if constexpr (kFloat)
-        m = _mm512_cmp_ps_mask((__m512)b, _mm512_set1_ps(2.0f), _CMP_LE_OQ);
+        m = _mm512_cmp_ps_mask((__m512)b, _mm512_set1_ps(edge), _CMP_LE_OQ);
       else
-        m = _mm512_cmp_pd_mask((__m512d)b, _mm512_set1_pd(2.0), _CMP_LE_OQ);
+        m = _mm512_cmp_pd_mask((__m512d)b, _mm512_set1_pd(edge), _CMP_LE_OQ);
       constexpr unsigned all = (1u << S::W) - 1;
       return m == 0 ? 0 : m == all ? 2 : 1;
     }
 #endif
+#if defined(__AVX__)
+    if constexpr (kSimdBytes == 32) {  // one compare and a movemask, not a loop over the lanes
+      int m;
+      if constexpr (kFloat)
+        m = _mm256_movemask_ps(_mm256_cmp_ps((__m256)b, _mm256_set1_ps(edge), _CMP_LE_OQ));
+      else
+        m = _mm256_movemask_pd(_mm256_cmp_pd((__m256d)b, _mm256_set1_pd(edge), _CMP_LE_OQ));
+      constexpr int all = (1 << S::W) - 1;
+      return m == 0 ? 0 : m == all ? 2 : 1;
+    }
+#endif
     int n = 0;
-    for (int i = 0; i < S::W; ++i) n += b[i] <= T(2);
+    for (int i = 0; i < S::W; ++i) n += b[i] <= edge;
     return n == 0 ? 0 : n == S::W ? 2 : 1;
   }
 
+  /// Whether both regimes are evaluated on every vector, without a branch: at
+  /// bf16 accuracy (float) the series is 2–3 FMAs per term and its edges (1/4,
+  /// 1/2) sit inside the common range of b, so most vectors hold both regimes
+  /// and a branch on them would be mispredicted often; the blend gives each
+  /// lane the same value as the branch would.
+  template <StencilAccuracy A>
+  static constexpr bool kBothRegimes = kFloat && A == StencilAccuracy::bf16;
+
   /// Forward segment weights, as segment_weights() above.
+  template <StencilAccuracy A = StencilAccuracy::full>
   static void segment_weights(V b, V Ex, V Ey, V& near, V& far) {
-    using M = VectorMath<T>;
+    using R = Series<T, A>;
     const V eM = vmax(Ex, Ey), eMin = vmin(Ex, Ey);
     const V t = b - T(1);
-    const int regime = series_lanes(b);
+    const int regime = kBothRegimes<A> ? 1 : series_lanes(b, R::fwd_edge);
     V pn{}, pf{}, cn{}, cf{};
     if (regime != 0) {
-      pn = eM * horner(M::nu, t);
-      pf = eM * horner(M::mu1, t);
+      const V tp = b - R::fwd_centre;
+      pn = eM * horner(R::nu, tp);
+      pf = eM * horner(R::mu1, tp);
       if (regime == 2) {
         near = pn;
         far = pf;
         return;
       }
     }
-    const V r = reciprocal(vmax(b, splat(T(2))));
+    const V r = reciprocal_to<A>(vmax(b, splat(R::fwd_edge)));
     cn = (eM * (t * r) + eMin * r) * r;
     cf = ((eM - (T(1) + b) * eMin) * r) * r;
     if (regime == 0) {
@@ -361,22 +449,24 @@ struct VectorOps {
       far = cf;
       return;
     }
-    const VI series = b <= T(2);
+    const VI series = b <= R::fwd_edge;
     near = series ? pn : cn;
     far = series ? pf : cf;
   }
 
   /// Forward and backward segment terms, as segment_terms() above.
+  template <StencilAccuracy A = StencilAccuracy::full>
   static void segment_terms(V b, V Ex, V Ey, V& near, V& far, V& dnear, V& dfar, V& coupling) {
-    using M = VectorMath<T>;
+    using R = Series<T, A>;
     const V eM = vmax(Ex, Ey), eMin = vmin(Ex, Ey);
     const V t = b - T(1);
-    const int regime = series_lanes(b);
+    const int regime = kBothRegimes<A> ? 1 : series_lanes(b, R::bwd_edge);
     V pk{}, pn2{}, pm2{};
     if (regime != 0) {
-      pk = eM * horner(M::kappa, t);
-      pn2 = eM * horner(M::nu2, t);
-      pm2 = eM * horner(M::mu2, t);
+      const V tp = b - R::bwd_centre;
+      pk = eM * horner(R::kappa, tp);
+      pn2 = eM * horner(R::nu2, tp);
+      pm2 = eM * horner(R::mu2, tp);
       if (regime == 2) {
         near = pn2 + pk;
         far = pm2 + pk;
@@ -386,7 +476,7 @@ struct VectorOps {
         return;
       }
     }
-    const V r = reciprocal(vmax(b, splat(T(2))));
+    const V r = reciprocal_to<A>(vmax(b, splat(R::bwd_edge)));
     const V cn = (eM * (t * r) + eMin * r) * r;
     const V cf = ((eM - (T(1) + b) * eMin) * r) * r;
     const V ck = (((b - T(2)) * r) * eM + ((b + T(2)) * r) * eMin) * r * r;
@@ -401,7 +491,7 @@ struct VectorOps {
       coupling = ck;
       return;
     }
-    const VI series = b <= T(2);
+    const VI series = b <= R::bwd_edge;
     near = series ? pn2 + pk : cn;
     far = series ? pm2 + pk : cf;
     dnear = series ? pn2 : cn2;
