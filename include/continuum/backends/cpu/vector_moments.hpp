@@ -39,8 +39,9 @@
 // (forward terms) and b ≥ 1/2 (backward terms), so the series regime shrinks to
 // b ≤ 1/4: a degree-2 interpolant in b - 1/8 (ν, μ1; relative error 8.2e-6,
 // 3.5e-5), and b ≤ 1/2: degree 3 in b - 1/4 (ν2, μ2, κ; 5.7e-7, 1.0e-5,
-// 3.2e-6). Fewer vectors mix the two regimes and the series is short; exp is
-// the same (the closed forms amplify its error by the same 1/b², 1/b³).
+// 3.2e-6). The series is short, so every vector evaluates both regimes and
+// blends them without a branch (kBothRegimes); exp is the same (the closed
+// forms amplify its error by the same 1/b², 1/b³).
 //
 // exp_clamped(x): e^x for x ≤ 88.7 (float) / 709 (double); returns exactly 0
 // below the normal range (x < -87.33 / -708.39) instead of a subnormal, so the
