@@ -247,11 +247,14 @@ std::map<std::pair<int, int>, double>& peaks() {
 template <class T>
 double peak(int threads) {
   auto& p = peaks();
-  const auto key = std::make_pair(int(sizeof(T)), threads);
+  // float16's products run in float FMA: float's peak (its own key, 3).
+  const auto key = std::make_pair(std::is_same<T, continuum::float16>::value ? 3 : int(sizeof(T)), threads);
   auto it = p.find(key);
   if (it == p.end()) {
     if constexpr (std::is_same<T, continuum::bfloat16>::value)
       it = p.emplace(key, measure_peak_bf16(threads)).first;
+    else if constexpr (std::is_same<T, continuum::float16>::value)
+      it = p.emplace(key, measure_peak<float>(threads)).first;
     else
       it = p.emplace(key, measure_peak<T>(threads)).first;
   }
@@ -552,7 +555,7 @@ void BM_eigen(benchmark::State& st, bool materialize) {
 // ---------------------------------------------------------------------------
 template <class T>
 const char* type_name() {
-  return sizeof(T) == 2 ? "bf16" : sizeof(T) == 4 ? "f32" : "f64";
+  return std::is_same<T, continuum::float16>::value ? "f16" : sizeof(T) == 2 ? "bf16" : sizeof(T) == 4 ? "f32" : "f64";
 }
 
 void register_all() {
@@ -619,6 +622,16 @@ void register_all() {
         const std::string name = std::string("attention/") + continuum::kernel_name(k) + "/" + vis_name(v) +
                                  (bwd ? "/fwdbwd" : "/fwd") + "/bf16";
         shape(benchmark::RegisterBenchmark(name.c_str(), BM_attention<continuum::bfloat16>, k, v, bwd, true), N,
+              D, 2);
+      }
+  // float16 storage (float accumulation, float's stencil, vector products):
+  // continuum and softmax, full and causal, fwd and fwd+bwd, 2 threads.
+  for (bool bwd : {false, true})
+    for (Kernel k : {Kernel::continuum, Kernel::softmax})
+      for (Vis v : {Vis::full, Vis::causal}) {
+        const std::string name = std::string("attention/") + continuum::kernel_name(k) + "/" + vis_name(v) +
+                                 (bwd ? "/fwdbwd" : "/fwd") + "/f16";
+        shape(benchmark::RegisterBenchmark(name.c_str(), BM_attention<continuum::float16>, k, v, bwd, true), N,
               D, 2);
       }
   // Sequence scaling: continuum forward, full, 1 and 2 threads, tiled kernels

@@ -71,10 +71,10 @@ def worker(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     B, H, n, d = 1, args.heads, args.n, args.d
-    dtype = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16}[args.dtype]
+    dtype = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
     gen = torch.Generator().manual_seed(42)
 
-    def uniform(*shape):  # drawn in float32, then stored in dtype (bf16: rounded once)
+    def uniform(*shape):  # drawn in float32, then stored in dtype (bf16, f16: rounded once)
         return (torch.rand(*shape, generator=gen, dtype=torch.float32) * 2 - 1).to(dtype)
 
     q, k, v, dout = (uniform(B, H, n, d) for _ in range(4))
@@ -200,7 +200,7 @@ def main():
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--dtype", choices=["f32", "f64", "bf16"], default="f32")
+    p.add_argument("--dtype", choices=["f32", "f64", "bf16", "f16"], default="f32")
     p.add_argument("--ours-type", default=None,
                    help="type tag of our benchmark rows to compare with (default: the --dtype, i.e. f32 = "
                         "float arithmetic, the same precision class as SDPA; f32c64 = Compute::float64)")
@@ -230,8 +230,8 @@ def main():
 
     results = []
     for impl in ("sdpa", "naive"):
-        if pythons[impl] is None or (impl == "naive" and a.dtype == "bf16"):
-            continue  # (bf16: SDPA only)
+        if pythons[impl] is None or (impl == "naive" and a.dtype in ("bf16", "f16")):
+            continue  # (16-bit: SDPA only)
         for causal in (False, True):
             for bwd in (False, True):
                 r = run_case(pythons[impl], impl, causal, bwd, a)

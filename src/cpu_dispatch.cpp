@@ -91,7 +91,7 @@ bool supported(Isa isa) {
     case Isa::sse2: return true;
     case Isa::avx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi") &&
-             __builtin_cpu_supports("bmi2");
+             __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c");
     case Isa::avx512:
       return supported(Isa::avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
@@ -131,13 +131,15 @@ template <class T, class Stencil>
 void forward(const ForwardArgs<T>& a, const AttentionShape& s, double c, Stencil) {
   if constexpr (std::is_same<T, float>::value) pick<Stencil>(table().forward_float)(a, s, c);
   else if constexpr (std::is_same<T, double>::value) pick<Stencil>(table().forward_double)(a, s, c);
-  else pick<Stencil>(table().forward_bf16)(a, s, c);
+  else if constexpr (std::is_same<T, bfloat16>::value) pick<Stencil>(table().forward_bf16)(a, s, c);
+  else pick<Stencil>(table().forward_f16)(a, s, c);
 }
 template <class T, class Stencil>
 void backward(const BackwardArgs<T>& a, const AttentionShape& s, double c, Stencil) {
   if constexpr (std::is_same<T, float>::value) pick<Stencil>(table().backward_float)(a, s, c);
   else if constexpr (std::is_same<T, double>::value) pick<Stencil>(table().backward_double)(a, s, c);
-  else pick<Stencil>(table().backward_bf16)(a, s, c);
+  else if constexpr (std::is_same<T, bfloat16>::value) pick<Stencil>(table().backward_bf16)(a, s, c);
+  else pick<Stencil>(table().backward_f16)(a, s, c);
 }
 
 template void forward(const ForwardArgs<float>&, const AttentionShape&, double, ContinuumStencil);
@@ -152,6 +154,10 @@ template void forward(const ForwardArgs<bfloat16>&, const AttentionShape&, doubl
 template void forward(const ForwardArgs<bfloat16>&, const AttentionShape&, double, SoftmaxStencil);
 template void backward(const BackwardArgs<bfloat16>&, const AttentionShape&, double, ContinuumStencil);
 template void backward(const BackwardArgs<bfloat16>&, const AttentionShape&, double, SoftmaxStencil);
+template void forward(const ForwardArgs<float16>&, const AttentionShape&, double, ContinuumStencil);
+template void forward(const ForwardArgs<float16>&, const AttentionShape&, double, SoftmaxStencil);
+template void backward(const BackwardArgs<float16>&, const AttentionShape&, double, ContinuumStencil);
+template void backward(const BackwardArgs<float16>&, const AttentionShape&, double, SoftmaxStencil);
 
 }  // namespace cpu_dispatch
 }  // namespace continuum

@@ -38,6 +38,8 @@ const cpu_dispatch::KernelTable kernel_table = {
     {&run_backward<double, ContinuumStencil>, &run_backward<double, SoftmaxStencil>},
     {&run_forward<bfloat16, ContinuumStencil>, &run_forward<bfloat16, SoftmaxStencil>},
     {&run_backward<bfloat16, ContinuumStencil>, &run_backward<bfloat16, SoftmaxStencil>},
+    {&run_forward<float16, ContinuumStencil>, &run_forward<float16, SoftmaxStencil>},
+    {&run_backward<float16, ContinuumStencil>, &run_backward<float16, SoftmaxStencil>},
     nullptr,
 };
 
@@ -55,6 +57,8 @@ const cpu_dispatch::KernelTable kernel_table_amx = {
     {&run_backward<double, ContinuumStencil>, &run_backward<double, SoftmaxStencil>},
     {&run_forward<bfloat16, ContinuumStencil, true>, &run_forward<bfloat16, SoftmaxStencil, true>},
     {&run_backward<bfloat16, ContinuumStencil, true>, &run_backward<bfloat16, SoftmaxStencil, true>},
+    {&run_forward<float16, ContinuumStencil>, &run_forward<float16, SoftmaxStencil>},  // no tiles for float16
+    {&run_backward<float16, ContinuumStencil>, &run_backward<float16, SoftmaxStencil>},
     &amx::usable,
 };
 #endif

@@ -3,22 +3,25 @@
 //
 //   continuum-attn --q q.npy --k k.npy --v v.npy [--do do.npy] [options] --out DIR
 //
-// Inputs: float32 or float64 files, 2-D [seq, dim] or 4-D [batch, heads, seq, dim]
+// Inputs: float16, float32 or float64 files, 2-D [seq, dim] or 4-D [batch, heads, seq, dim]
 // (q [B, Hq, Lq, D], k [B, Hk, Lk, D], v [B, Hk, Lk, Dv], do [B, Hq, Lq, Dv];
 // Hq a multiple of Hk). Writes o.npy [.., Lq, Dv] and lse.npy [.., Lq]
 // (natural log of the normaliser Z, MATH.md §4–5; -inf for an empty row) and,
 // with --do, dq.npy, dk.npy, dv.npy (the shapes of q, k, v) and dtemp.npy
 // (the shape of the temperature: () for a scalar, [Hq], or [B, Hq, Lq]).
 // The inputs are converted to the storage dtype (the inputs' own unless
-// --dtype float32 | float64 | bfloat16; bfloat16 through float32); --compute
-// picks the arithmetic (the library's Compute): by default the storage type's
-// own (float32 and bfloat16 storage compute in float, float64 in double),
+// --dtype float32 | float64 | bfloat16 | float16; the 16-bit types through
+// float32); --compute picks the arithmetic (the library's Compute): by default
+// the storage type's own (float32, bfloat16 and float16 storage compute in
+// float, float64 in double),
 // --compute float64 double arithmetic for any storage type (each output
 // rounded once to the storage type), --compute float32 float arithmetic (with
 // float64 storage it is a usage error). The same tiled kernels run in every
 // case, --probs (P and the cell masses π) included. Outputs are written in the
 // storage dtype (float32 for bfloat16 storage: .npy has no bfloat16; the
-// values are the bfloat16 outputs, exactly) unless --out-dtype says otherwise. Any error: one line on stderr naming the
+// values are the bfloat16 outputs, exactly) unless --out-dtype says otherwise;
+// lse and dtemp, float in the library for every storage type but float64,
+// are never written below float32. Any error: one line on stderr naming the
 // file and the problem, exit status 1 (2 for a bad command line), and no
 // output file written (all outputs go to temporary names and are renamed into
 // place only when every one is written).
@@ -77,7 +80,7 @@ struct Dims {
 Dims dims_of(const Array& a, const char* role) {
   if (!a.is_real())
     throw NpyError(a.path, std::string("dtype ") + attn::dtype_name(a.dtype) +
-                               ", expected float32 or float64 (" + role + ")");
+                               ", expected float16, float32 or float64 (" + role + ")");
   if (a.shape.size() == 2) return {1, 1, index_t(a.shape[0]), index_t(a.shape[1])};
   if (a.shape.size() == 4)
     return {index_t(a.shape[0]), index_t(a.shape[1]), index_t(a.shape[2]), index_t(a.shape[3])};
@@ -101,12 +104,16 @@ std::optional<double> parse_number(const std::string& s) {
   return std::nullopt;
 }
 
-DType parse_dtype(const std::string& s, const char* option, bool bf16 = false) {
-  if (s == "float32") return DType::f32;
-  if (s == "float64") return DType::f64;
-  if (bf16 && s == "bfloat16") return DType::bf16;
-  throw UsageError(std::string(option) + " must be float32" + (bf16 ? ", float64 or bfloat16" : " or float64") +
-                   ", not '" + s + "'");
+/// The dtype named `s`, one of `allowed` (listed in the error otherwise).
+DType parse_dtype(const std::string& s, const char* option, std::initializer_list<DType> allowed) {
+  std::string names;
+  std::size_t i = 0;
+  for (DType t : allowed) {
+    if (s == attn::dtype_name(t)) return t;
+    names += std::string(i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") + attn::dtype_name(t);
+    ++i;
+  }
+  throw UsageError(std::string(option) + " must be " + names + ", not '" + s + "'");
 }
 
 /// The most elements an output the tool allocates may have (o, lse).
@@ -185,10 +192,16 @@ Problem validate(const Options& o) {
                                       " differs from " + p.q.path + "'s " +
                                       attn::dtype_name(in_dtype) + " (pass --dtype to convert)");
   }
-  p.storage = o.dtype.empty() ? in_dtype : parse_dtype(o.dtype, "--dtype", /*bf16=*/true);
-  const DType own = p.storage == DType::bf16 ? DType::f32 : p.storage;  // bfloat16: float32 files and arithmetic
-  p.out = o.out_dtype.empty() ? own : parse_dtype(o.out_dtype, "--out-dtype");
-  p.compute = o.compute.empty() ? own : parse_dtype(o.compute, "--compute");
+  p.storage = o.dtype.empty() ? in_dtype
+                              : parse_dtype(o.dtype, "--dtype", {DType::f32, DType::f64, DType::bf16, DType::f16});
+  // The 16-bit types compute in float; bfloat16 writes float32 files.
+  const bool f64 = p.storage == DType::f64;
+  p.out = !o.out_dtype.empty() ? parse_dtype(o.out_dtype, "--out-dtype", {DType::f32, DType::f64, DType::f16})
+          : p.storage == DType::bf16 ? DType::f32
+                                     : p.storage;
+  p.compute = !o.compute.empty() ? parse_dtype(o.compute, "--compute", {DType::f32, DType::f64})
+              : f64              ? DType::f64
+                                 : DType::f32;
   if (p.compute == DType::f32 && p.storage == DType::f64)
     throw UsageError(std::string("--compute float32 needs float32 storage, but the storage type is float64 (") +
                      (o.dtype.empty() ? "the inputs' dtype; pass --dtype float32 to convert them"
@@ -205,7 +218,7 @@ Problem validate(const Options& o) {
     if (!std::filesystem::exists(o.temperature))
       throw UsageError("--temperature '" + o.temperature + "' is neither a number nor a .npy file");
     const Array t = attn::load(o.temperature);
-    if (!t.is_real()) throw NpyError(t.path, "temperature must be float32 or float64");
+    if (!t.is_real()) throw NpyError(t.path, "temperature must be float16, float32 or float64");
     const std::size_t n = t.size();
     const std::size_t per_query = std::size_t(p.dq.b * p.dq.h * p.dq.s);
     p.tau_out_shape = t.shape;
@@ -293,6 +306,7 @@ std::vector<T> convert(const std::vector<double>& x) {
 
 template <class T>
 std::string encode_as(const std::vector<T>& x, const std::vector<std::size_t>& shape, DType out) {
+  if (out == DType::f16) return attn::encode_float16(x, shape);
   if (out == DType::f32) return attn::encode(std::vector<float>(x.begin(), x.end()), shape);
   return attn::encode(std::vector<double>(x.begin(), x.end()), shape);
 }
@@ -321,7 +335,7 @@ std::vector<std::string> compute(const Problem& p, const std::string& out_dir, i
   const std::vector<T> q = convert<T>(p.q.real), k = convert<T>(p.k.real), v = convert<T>(p.v.real);
   const Dims dq = p.dq, dk = p.dk, dv = p.dv;
   const Dims dout{dq.b, dq.h, dq.s, dv.d};
-  using A = continuum::accum_t<T>;  // lse, τ and dτ: float for bfloat16 storage
+  using A = continuum::accum_t<T>;  // lse, τ and dτ: float for 16-bit storage
   std::vector<T> out(std::size_t(dout.b * dout.h * dout.s * dout.d));
   std::vector<A> lse(std::size_t(dq.b * dq.h * dq.s));
   const std::vector<A> tau = convert<A>(p.tau);
@@ -390,12 +404,13 @@ std::vector<std::string> compute(const Problem& p, const std::string& out_dir, i
   std::vector<std::size_t> lse_shape = four ? std::vector<std::size_t>{std::size_t(dq.b), std::size_t(dq.h), std::size_t(dq.s)}
                                             : std::vector<std::size_t>{std::size_t(dq.s)};
   files.push_back({"o.npy", encode_as(out, shape_of(dout, four), p.out)});
-  files.push_back({"lse.npy", encode_as(lse, lse_shape, p.out)});
+  const DType accum_out = p.out == DType::f16 ? DType::f32 : p.out;  // lse and dtemp: never below float32
+  files.push_back({"lse.npy", encode_as(lse, lse_shape, accum_out)});
   if (p.has_do) {
     files.push_back({"dq.npy", encode_as(gq, shape_of(dq, four), p.out)});
     files.push_back({"dk.npy", encode_as(gk, shape_of(dk, four), p.out)});
     files.push_back({"dv.npy", encode_as(gv, shape_of(dv, four), p.out)});
-    files.push_back({"dtemp.npy", encode_as(gtau, p.tau_out_shape, p.out)});
+    files.push_back({"dtemp.npy", encode_as(gtau, p.tau_out_shape, accum_out)});
   }
   if (p.probs) {
     auto map_shape = lse_shape;
@@ -458,9 +473,7 @@ void make_example(const std::string& dir, const std::vector<index_t>& shape, DTy
     std::size_t n = 1;
     for (auto s : a.second) n *= s;
     const std::vector<double> x = gen(n);
-    writer.add((fs::path(dir) / a.first).string(),
-               dtype == DType::f32 ? attn::encode(std::vector<float>(x.begin(), x.end()), a.second)
-                                   : attn::encode(x, a.second));
+    writer.add((fs::path(dir) / a.first).string(), encode_as(x, a.second, dtype));
   }
   writer.commit();
   std::printf("wrote %s/{q,k,v,do}.npy: batch %zu, heads %zu, seq_q %zu, seq_k %zu, head_dim %zu, "
@@ -505,14 +518,15 @@ int main(int argc, char** argv) {
   app.add_option("--ranges", o.ranges, "lo.npy hi.npy: per-query visible keys [lo, hi), int, [batch, seq_q]")
       ->expected(2);
   app.add_option("--dtype", o.dtype,
-                 "storage type float32 | float64 | bfloat16 the inputs are converted to (default: the inputs'; "
-                 "bfloat16 computes in float32 and writes float32 files)");
+                 "storage type float32 | float64 | bfloat16 | float16 the inputs are converted to (default: the "
+                 "inputs'; bfloat16 and float16 compute in float32, bfloat16 writes float32 files)");
   app.add_option("--compute", o.compute,
-                 "arithmetic float32 | float64 (default: the storage type's; float32 for bfloat16). float32: not with float64 storage; "
+                 "arithmetic float32 | float64 (default: the storage type's; float32 for bfloat16 and float16). float32: not with float64 storage; "
                  "float64: double arithmetic, each output rounded once")
       ->check(CLI::IsMember({"float32", "float64"}))
       ->default_str("the storage type's");
-  app.add_option("--out-dtype", o.out_dtype, "output type float32 | float64 (default: the storage type)");
+  app.add_option("--out-dtype", o.out_dtype,
+                 "output type float32 | float64 | float16 (default: the storage type; lse and dtemp at least float32)");
   app.add_option("--threads", o.threads, "OpenMP threads (0 = default); results do not depend on it");
   app.add_flag("--probs", o.probs, "also write p.npy (weights P) and pi.npy (cell masses), [.., seq_q, seq_k] "
                                    "(the same kernels; o and lse do not change)");
@@ -520,7 +534,7 @@ int main(int argc, char** argv) {
   app.add_option("--make-example", make_dir, "write deterministic q/k/v/do .npy inputs to this folder and exit");
   app.add_option("--example-shape", example_shape, "batch heads seq_q seq_k head_dim for --make-example")
       ->expected(5);
-  app.add_option("--example-dtype", example_dtype, "float32 | float64 for --make-example");
+  app.add_option("--example-dtype", example_dtype, "float32 | float64 | float16 for --make-example");
   app.add_option("--seed", seed, "random seed for --make-example");
   try {
     app.parse(argc, argv);
@@ -536,7 +550,8 @@ int main(int argc, char** argv) {
 
   try {
     if (!make_dir.empty()) {
-      make_example(make_dir, example_shape, parse_dtype(example_dtype, "--example-dtype"), seed);
+      make_example(make_dir, example_shape,
+                   parse_dtype(example_dtype, "--example-dtype", {DType::f32, DType::f64, DType::f16}), seed);
       return 0;
     }
     for (auto* req : {&o.q, &o.k, &o.v, &o.out})
@@ -544,6 +559,7 @@ int main(int argc, char** argv) {
     const Problem p = validate(o);
     const auto written = p.storage == DType::f32    ? compute<float>(p, o.out, o.print_rows)
                          : p.storage == DType::bf16 ? compute<continuum::bfloat16>(p, o.out, o.print_rows)
+                         : p.storage == DType::f16  ? compute<continuum::float16>(p, o.out, o.print_rows)
                                                     : compute<double>(p, o.out, o.print_rows);
     std::printf("continuum-attn: kernel %s, storage %s, compute %s, wrote", o.kernel.c_str(),
                 attn::dtype_name(p.storage), attn::dtype_name(p.compute));

@@ -19,6 +19,8 @@
 // Every error is an NpyError whose message starts with the file name.
 #pragma once
 
+#include <Eigen/Core>  // Eigen::half: float16 data, converted to nearest even
+
 #include <xtensor/xadapt.hpp>
 #include <xtensor/xarray.hpp>
 #include <xtensor/xnpy.hpp>
@@ -52,8 +54,9 @@ struct NpyError : std::runtime_error {
 };
 
 /// A file's element type, or (bf16) a storage type the tool converts to:
-/// .npy has no bfloat16, so no file is read or written as bf16.
-enum class DType { f32, f64, i32, i64, bf16 };
+/// .npy has no bfloat16, so no file is read or written as bf16. float16 is
+/// NumPy's '<f2' (IEEE binary16).
+enum class DType { f32, f64, i32, i64, bf16, f16 };
 
 inline const char* dtype_name(DType t) {
   switch (t) {
@@ -61,6 +64,7 @@ inline const char* dtype_name(DType t) {
     case DType::f64: return "float64";
     case DType::i32: return "int32";
     case DType::bf16: return "bfloat16";
+    case DType::f16: return "float16";
     default: return "int64";
   }
 }
@@ -71,7 +75,7 @@ struct Array {
   std::string path;
   DType dtype = DType::f64;
   std::vector<std::size_t> shape;
-  std::vector<double> real;         ///< for f32 / f64 files
+  std::vector<double> real;         ///< for f16 / f32 / f64 files (exactly)
   std::vector<std::int64_t> integer;  ///< for i32 / i64 files
 
   std::size_t size() const {
@@ -79,7 +83,7 @@ struct Array {
     for (auto s : shape) n *= s;
     return n;
   }
-  bool is_real() const { return dtype == DType::f32 || dtype == DType::f64; }
+  bool is_real() const { return dtype == DType::f16 || dtype == DType::f32 || dtype == DType::f64; }
   std::string shape_str() const {
     if (shape.size() > 6) return "(" + std::to_string(shape.size()) + "-D)";
     std::string s = "(";
@@ -301,15 +305,16 @@ inline Header parse_header(const std::string& bytes, const std::string& path) {
   static const std::regex descr_re(R"(^([<>|=]?)([a-zA-Z])(\d+)$)");
   std::smatch m;
   if (!std::regex_match(d.descr, m, descr_re))
-    throw NpyError(path, "unsupported dtype '" + d.descr + "' (need float32, float64, int32 or int64)");
+    throw NpyError(path, "unsupported dtype '" + d.descr + "' (need float16, float32, float64, int32 or int64)");
   const std::string order = m[1], kind = m[2], width = m[3];
   if (order == ">") throw NpyError(path, "big-endian data is not supported; use '<' (little-endian)");
-  if (kind == "f" && width == "4") h.dtype = DType::f32;
+  if (kind == "f" && width == "2") h.dtype = DType::f16;
+  else if (kind == "f" && width == "4") h.dtype = DType::f32;
   else if (kind == "f" && width == "8") h.dtype = DType::f64;
   else if (kind == "i" && width == "4") h.dtype = DType::i32;
   else if (kind == "i" && width == "8") h.dtype = DType::i64;
   else
-    throw NpyError(path, "unsupported dtype '" + d.descr + "' (need float32, float64, int32 or int64)");
+    throw NpyError(path, "unsupported dtype '" + d.descr + "' (need float16, float32, float64, int32 or int64)");
   h.fortran_order = d.fortran_order;
   h.shape = d.shape;
 
@@ -318,7 +323,7 @@ inline Header parse_header(const std::string& bytes, const std::string& path) {
   // As NumPy: the bytes of the non-zero sizes, itemsize × Π n, must fit
   // int64 (shape (0, 10^15, 10^15) is "too big" there too).
   const std::string dims = shape_text(h.shape);
-  const std::size_t word = (h.dtype == DType::f32 || h.dtype == DType::i32) ? 4 : 8;
+  const std::size_t word = h.dtype == DType::f16 ? 2 : (h.dtype == DType::f32 || h.dtype == DType::i32) ? 4 : 8;
   constexpr std::size_t limit = std::size_t(std::numeric_limits<std::int64_t>::max());
   std::size_t nbytes = word;
   for (const std::size_t n : h.shape) {
@@ -380,6 +385,14 @@ inline Array load_bytes(const std::string& bytes, const std::string& path) {
       case DType::f64: detail::decode<double>(bytes, h, path, a.real); break;
       case DType::i32: detail::decode<std::int32_t>(bytes, h, path, a.integer); break;
       case DType::i64: detail::decode<std::int64_t>(bytes, h, path, a.integer); break;
+      case DType::f16: {  // xnpy has no float16: its bits as uint16, then Eigen's exact widening
+        std::vector<std::uint16_t> bits;
+        detail::decode<std::uint16_t>(bytes, h, path, bits);
+        a.real.resize(bits.size());
+        for (std::size_t i = 0; i < bits.size(); ++i)
+          a.real[i] = double(Eigen::numext::bit_cast<Eigen::half>(bits[i]));
+        break;
+      }
       case DType::bf16: break;  // never a file's dtype (parse_header)
     }
   } catch (const NpyError&) {
@@ -392,12 +405,12 @@ inline Array load_bytes(const std::string& bytes, const std::string& path) {
   return a;
 }
 
-/// Loads a .npy file (float32/float64/int32/int64, C or Fortran order).
+/// Loads a .npy file (float16/float32/float64/int32/int64, C or Fortran order).
 /// \throws NpyError naming the file and the problem.
 inline Array load(const std::string& path) { return load_bytes(detail::read_whole_file(path), path); }
 
 /// The bytes of a .npy file holding `data` (row-major) with `shape`, written
-/// by xnpy. T = float or double.
+/// by xnpy. T = float, double (or uint16_t, for encode_float16).
 template <class T>
 std::string encode(const std::vector<T>& data, const std::vector<std::size_t>& shape) {
   std::size_t n = 1;
@@ -410,6 +423,22 @@ std::string encode(const std::vector<T>& data, const std::vector<std::size_t>& s
   }
   auto view = xt::adapt(data.data(), n, xt::no_ownership(), shape);
   return xt::dump_npy(view);
+}
+
+/// The bytes of a float16 ('<f2') .npy file holding `data` rounded to
+/// float16 (to nearest even, through float: Eigen::half). xnpy has no float16
+/// type, so its uint16 file of the bits is written and its descr '<u2' (same
+/// length) renamed.
+template <class T>
+std::string encode_float16(const std::vector<T>& data, const std::vector<std::size_t>& shape) {
+  std::vector<std::uint16_t> bits(data.size());
+  for (std::size_t i = 0; i < data.size(); ++i)
+    bits[i] = Eigen::numext::bit_cast<std::uint16_t>(Eigen::half(float(data[i])));
+  std::string bytes = encode(bits, shape);
+  const std::size_t at = bytes.find("'<u2'");
+  if (at == std::string::npos || at > 128) throw std::logic_error("npy encode_float16: no '<u2' descr in xnpy's header");
+  bytes.replace(at, 5, "'<f2'");
+  return bytes;
 }
 
 /// Writes a set of files atomically as a group: every file goes to a

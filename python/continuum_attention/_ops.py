@@ -29,12 +29,13 @@ def cpu_isa() -> str:
 
 def supported_dtypes(device: Union[str, torch.device] = "cpu") -> Tuple[torch.dtype, ...]:
     """The storage dtypes the operator accepts on ``device``: CPU float32,
-    float64 and bfloat16 (computed in float32, docs/MATH.md §10); CUDA (only
+    float64, bfloat16 and float16 (both computed in float32, docs/MATH.md
+    §10); CUDA (only
     when built with CONTINUUM_ATTENTION_CUDA=ON) float32, float16 and
     bfloat16; nothing elsewhere."""
     kind = torch.device(device).type
     if kind == "cpu":
-        return (torch.float32, torch.float64, torch.bfloat16)
+        return (torch.float32, torch.float64, torch.bfloat16, torch.float16)
     if kind == "cuda" and WITH_CUDA:
         return (torch.float32, torch.float16, torch.bfloat16)
     return ()
@@ -128,8 +129,8 @@ def _check_inputs(query, key, value):
             raise ValueError(f"continuum_attention: {name} has dtype {t.dtype} but query has "
                              f"{query.dtype} (query, key and value share one dtype)")
     if query.device.type == "cpu" and query.dtype not in supported_dtypes("cpu"):
-        raise ValueError(f"continuum_attention: the CPU backend supports float32, float64 and "
-                         f"bfloat16, got {query.dtype}")
+        raise ValueError(f"continuum_attention: the CPU backend supports float32, float64, "
+                         f"bfloat16 and float16, got {query.dtype}")
     if query.device.type == "cuda":
         if not WITH_CUDA:
             raise NotImplementedError(
@@ -154,8 +155,9 @@ def _check_compute(compute, query):
         raise ValueError("continuum_attention: compute='float64' is not available on CUDA (the "
                          "CUDA backend accumulates in float32); use compute=None or 'float32'")
     if query.device.type == "cpu" and compute == "float32" and query.dtype == torch.float64:
-        raise ValueError(f"continuum_attention: compute='float32' needs float32 or bfloat16 storage, "
-                         f"query is {query.dtype} (float64 storage computes in float64: use "
+        raise ValueError(f"continuum_attention: compute='float32' needs float32, bfloat16 or "
+                         f"float16 storage, query is {query.dtype} (float64 storage computes in "
+                         f"float64: use "
                          f"compute=None or 'float64')")
     return compute
 
@@ -206,18 +208,19 @@ def attention(
         temperature: τ > 0, a number or a tensor of the query's dtype and
             device: 0-d, per head [Hq], or per query [B, Hq, Lq]. A tensor that
             requires grad receives dτ in its own shape. With 16-bit inputs
-            (bfloat16 on the CPU; float16 and bfloat16 on CUDA) a tensor
+            (bfloat16 or float16, on the CPU and on CUDA) a tensor
             temperature is float32 (the library's accumulator).
         scale: softmax scale (> 0); default 1/sqrt(D).
         return_lse: also return lse.
         compute: the arithmetic, forward and backward (the backward always
             runs with its forward's compute). None or "default": the storage
             dtype's own precision — float32 storage computes in float32,
-            float64 storage in float64, bfloat16 storage (CPU) in float32
-            with each output rounded once to bfloat16 (lse and dτ stay
-            float32). "float32": float32 arithmetic (float32 or bfloat16
-            storage). "float64": float64 arithmetic, each output rounded once
-            to the storage dtype (bfloat16: through float32). The library's one tiled kernel family runs in every
+            float64 storage in float64, bfloat16 and float16 storage in
+            float32 with each output rounded once to the storage dtype (lse
+            and dτ stay float32). "float32": float32 arithmetic (float32,
+            bfloat16 or float16 storage). "float64": float64 arithmetic, each
+            output rounded once to the storage dtype (16-bit: through
+            float32). The library's one tiled kernel family runs in every
             case (``continuum::Compute``). On CUDA, None, "default" and
             "float32" are the CUDA backend (float32 accumulation);
             "float64" is not available there. See Notes for speed and
@@ -233,7 +236,7 @@ def attention(
         ValueError: wrong ranks, mismatched shapes/heads, non-contiguous last
             axis, τ ≤ 0 or non-finite, scale ≤ 0, ranges out of [0, Lk] or
             lo > hi, unknown kernel, mixed devices or dtypes, unsupported dtype
-            (e.g. float16 on the CPU), an unknown ``compute``,
+            (e.g. float64 on CUDA, integers), an unknown ``compute``,
             ``compute="float32"`` with float64 storage, ``compute="float64"``
             on CUDA. Messages from the C++ library start
             with "continuum::attention_forward:" and name the argument.

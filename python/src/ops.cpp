@@ -84,8 +84,8 @@ continuum::Compute parse_compute(std::string_view compute, at::ScalarType st, bo
                       "accumulates in float32); use compute=\"default\" or \"float32\"");
     return continuum::Compute::automatic;
   }
-  TORCH_CHECK_VALUE(!(f32 && st == at::kDouble), kWho, ": compute=\"float32\" needs float32 "
-                    "or bfloat16 storage, query is ", st, " (float64 storage computes in float64: use "
+  TORCH_CHECK_VALUE(!(f32 && st == at::kDouble), kWho, ": compute=\"float32\" needs float32, "
+                    "bfloat16 or float16 storage, query is ", st, " (float64 storage computes in float64: use "
                     "compute=\"default\" or \"float64\")");
   if (f64) return continuum::Compute::float64;
   return f32 ? continuum::Compute::float32 : continuum::Compute::automatic;
@@ -110,8 +110,8 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool cuda = fa
   if (!cuda) {
     TORCH_CHECK_VALUE(q.device().is_cpu(), kWho, ": this kernel runs on the CPU, query is on ",
                       q.device());
-    TORCH_CHECK_VALUE(st == at::kFloat || st == at::kDouble || st == at::kBFloat16, kWho,
-                      ": the CPU backend supports float32, float64 and bfloat16, got ", st);
+    TORCH_CHECK_VALUE(st == at::kFloat || st == at::kDouble || st == at::kBFloat16 || st == at::kHalf, kWho,
+                      ": the CPU backend supports float32, float64, bfloat16 and float16, got ", st);
   } else {
     TORCH_CHECK_VALUE(q.device().is_cuda(), kWho, ": this kernel runs on CUDA, query is on ",
                       q.device());
@@ -126,7 +126,8 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, bool cuda = fa
 /// (the library rejects a non-unit last stride with its own message). A
 /// length-1 last axis has no meaningful stride in PyTorch: use 1.
 /// The library's storage type for a PyTorch element type: the same bits
-/// (c10::BFloat16 and continuum::bfloat16 are both bfloat16).
+/// (c10::BFloat16 and continuum::bfloat16 are both bfloat16, c10::Half and
+/// continuum::float16 both IEEE binary16).
 template <class T>
 struct storage {
   using type = T;
@@ -135,9 +136,14 @@ template <>
 struct storage<c10::BFloat16> {
   using type = continuum::bfloat16;
 };
+template <>
+struct storage<c10::Half> {
+  using type = continuum::float16;
+};
 template <class T>
 using storage_t = typename storage<T>::type;
 static_assert(sizeof(c10::BFloat16) == sizeof(continuum::bfloat16), "bfloat16 layouts differ");
+static_assert(sizeof(c10::Half) == sizeof(continuum::float16), "float16 layouts differ");
 
 template <class T>
 continuum::TensorView<T> view(const Tensor& t) {
@@ -255,7 +261,7 @@ std::tuple<Tensor, Tensor> forward_cpu(const Tensor& query, const Tensor& key, c
   const int64_t B = query.size(0), Hq = query.size(1), Lq = query.size(2), Dv = value.size(3);
   Tensor out = at::empty({B, Hq, Lq, Dv}, query.options());
   Tensor lse = at::empty({B, Hq, Lq}, query.options().dtype(accum_type(query.scalar_type())));
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, query.scalar_type(), "continuum::forward", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "continuum::forward", [&] {
     using E = storage_t<scalar_t>;
     using A = continuum::accum_t<E>;
     continuum::ForwardArgs<E> a;
@@ -303,7 +309,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(
   const auto acc = query.options().dtype(accum_type(query.scalar_type()));
   Tensor dt = o.temperature.defined() ? at::empty(o.temperature.sizes(), acc) : at::empty({0}, acc);
   const Tensor lse_c = lse.contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, query.scalar_type(), "continuum::backward", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "continuum::backward", [&] {
     using E = storage_t<scalar_t>;
     using A = continuum::accum_t<E>;
     continuum::BackwardArgs<E> a;

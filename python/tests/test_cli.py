@@ -123,3 +123,38 @@ def test_cli_bfloat16_equals_the_operator(tmp_path):
         got = np.load(tmp_path / "out" / f"{name}.npy")
         assert got.dtype == np.float32
         assert np.array_equal(got, ours.detach().float().numpy()), name
+
+
+def test_cli_float16_equals_the_operator(tmp_path):
+    """--dtype float16 reads NumPy float16 files and writes them ('<f2'): the
+    PyTorch operator's float16 call, bit for bit (the same float32 kernels,
+    each output rounded once to float16); lse and dtemp stay float32 files.
+    A float32 temperature file and float16 inputs mix (the temperature is
+    float32 in the library)."""
+    B, Hq, Hk, L, D = 1, 4, 2, 11, 8
+    q, k, v, do = (uniform(B, h, L, D, dtype=torch.float32).half() for h in (Hq, Hk, Hk, Hq))
+    tau = torch.rand(Hq) + 0.3
+    np.save(tmp_path / "tau.npy", tau.numpy())
+    args = [CLI, "--kernel", "continuum", "--window-left", "3", "--window-right", "1",
+            "--temperature", str(tmp_path / "tau.npy"), "--threads", "1"]
+    for n, t in (("q", q), ("k", k), ("v", v), ("do", do)):
+        np.save(tmp_path / f"{n}.npy", t.numpy())
+        args += [f"--{n}", str(tmp_path / f"{n}.npy")]
+    r = subprocess.run(args + ["--out", str(tmp_path / "out")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "storage float16, compute float32" in r.stdout
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    t = tau.clone().requires_grad_()
+    out, lse = ca.attention(qq, kk, vv, window=(3, 1), temperature=t, return_lse=True)
+    out.backward(do)
+    for name, ours in (("o", out), ("lse", lse), ("dq", qq.grad), ("dk", kk.grad), ("dv", vv.grad),
+                       ("dtemp", t.grad)):
+        got = np.load(tmp_path / "out" / f"{name}.npy")
+        assert got.dtype == (np.float32 if name in ("lse", "dtemp") else np.float16), name
+        assert np.array_equal(got, ours.detach().numpy()), name
+    # --out-dtype float32: the same float16 values, written as float32
+    r = subprocess.run(args + ["--out", str(tmp_path / "o32"), "--out-dtype", "float32"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = np.load(tmp_path / "o32" / "o.npy")
+    assert got.dtype == np.float32 and np.array_equal(got, out.detach().float().numpy())

@@ -98,11 +98,11 @@ def test_mixed_dtypes_direct_op():
                                                        None, None, None, 1.0, None))
 
 
-def test_float16_on_cpu():
-    q, k, v = (t.half() for t in qkv())
-    with pytest.raises(ValueError, match=r"CPU backend supports float32, float64 and bfloat16, got torch.float16"):
+def test_unsupported_dtype_on_cpu():
+    q, k, v = (t.to(torch.int32) for t in qkv())
+    with pytest.raises(ValueError, match=r"CPU backend supports float32, float64, bfloat16 and float16, got torch.int32"):
         ca.attention(q, k, v)
-    with pytest.raises(ValueError, match=r"CPU backend supports float32, float64 and bfloat16, got Half"):
+    with pytest.raises(ValueError, match=r"CPU backend supports float32, float64, bfloat16 and float16, got Int"):
         torch.ops.continuum.forward(q, k, v, "continuum", False, -1, -1, None, None, None, 1.0, None)
 
 
@@ -132,7 +132,7 @@ def test_bad_compute():
     raises(TypeError, r"compute must be None or a string, got dtype",
            lambda q, k, v: ca.attention(q, k, v, compute=torch.float64))
     # float64 storage has no float32 arithmetic on the CPU
-    raises(ValueError, r"compute='float32' needs float32 or bfloat16 storage, query is torch.float64",
+    raises(ValueError, r"compute='float32' needs float32, bfloat16 or float16 storage, query is torch.float64",
            lambda q, k, v: ca.attention(q, k, v, compute="float32"))
 
 
@@ -141,11 +141,11 @@ def test_bad_compute_direct_op():
     args = lambda q, k, v: (q, k, v, "continuum", False, -1, -1, None, None, None, 1.0, None)
     raises(ValueError, r"compute must be None, \"default\", \"float32\" or \"float64\", got \"fp16\"",
            lambda q, k, v: torch.ops.continuum.forward(*args(q, k, v), "fp16"))
-    raises(ValueError, r"compute=\"float32\" needs float32 or bfloat16 storage, query is Double",
+    raises(ValueError, r"compute=\"float32\" needs float32, bfloat16 or float16 storage, query is Double",
            lambda q, k, v: torch.ops.continuum.forward(*args(q, k, v), "float32"))
     q, k, v = qkv()
     out, lse = torch.ops.continuum.forward(*args(q, k, v))
-    for bad, match in (("float16", r"compute must be None"), ("float32", r"needs float32 or bfloat16 storage")):
+    for bad, match in (("float16", r"compute must be None"), ("float32", r"needs float32, bfloat16 or float16 storage")):
         with pytest.raises(ValueError, match=match):
             torch.ops.continuum.backward(out, q, k, v, out, lse, "continuum", False, -1, -1, None,
                                          None, None, 1.0, None, bad)

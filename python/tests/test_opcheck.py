@@ -8,10 +8,10 @@ import torch
 from conftest import uniform
 import continuum_attention  # noqa: F401  (registers the operators)
 
-DTYPES = [torch.float32, torch.float64, torch.bfloat16]
-# the valid compute strings per CPU storage dtype ("float32" needs float32 or bfloat16 storage)
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+# the valid compute strings per CPU storage dtype ("float32" needs float32 or 16-bit storage)
 COMPUTES = {torch.float32: ["default", "float32", "float64"], torch.float64: ["default", "float64"],
-            torch.bfloat16: ["default", "float32", "float64"]}
+            torch.bfloat16: ["default", "float32", "float64"], torch.float16: ["default", "float32", "float64"]}
 DTYPE_COMPUTE = [(d, c) for d in DTYPES for c in COMPUTES[d]]
 IDS = [f"{str(d).split('.')[-1]}-{c}" for d, c in DTYPE_COMPUTE]
 
@@ -23,7 +23,7 @@ def forward_args(dtype, requires_grad, temperature, ranges, causal=False, window
     k = uniform(B, Hk, L, D, dtype=dtype, requires_grad=requires_grad)
     v = uniform(B, Hk, L, 5, dtype=dtype, requires_grad=requires_grad)
     t = None
-    tdtype = torch.float32 if dtype == torch.bfloat16 else dtype  # the accumulator type
+    tdtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype  # the accumulator type
     if temperature == "head":
         t = (torch.rand(Hq, dtype=tdtype) + 0.5).requires_grad_(requires_grad)
     elif temperature == "query":

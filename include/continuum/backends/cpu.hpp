@@ -9,13 +9,16 @@
 //   float storage, float64 compute: the whole call converted to double, the
 //     kernels in double, each output rounded once;
 //   double storage: the kernels in double;
-//   bfloat16 storage (cpu/bfloat16.hpp): the call converted to float (or to
-//     double with Compute::float64) once, the kernels in that type, each
-//     output rounded once to bfloat16 (lse and dτ stay float); in float, the
-//     stencil is evaluated to bfloat16's accuracy (2^-14 relative per term,
+//   16-bit storage, bfloat16 or float16 (cpu/storage16.hpp): the call
+//     converted to float (or to double with Compute::float64) once, the
+//     kernels in that type, each output rounded once to the storage type (lse
+//     and dτ stay float). For bfloat16 computed in float the stencil is
+//     evaluated to bfloat16's accuracy (2^-14 relative per term,
 //     cpu/vector_moments.hpp, StencilAccuracy::bf16), and the forward's tile
 //     products and the backward's score products (S, dP) run on AMX-BF16
-//     where the CPU has it (cpu/amx.hpp).
+//     where the CPU has it (cpu/amx.hpp); float16 keeps float's stencil and
+//     vector products (its outputs hold 11 bits, the bf16 stencil's
+//     gradient bound would not be below their rounding: MATH.md §10).
 // Rows that double cannot hold (raw scores beyond DBL_MAX, scores beyond 4096
 // from a tiny τ: MATH.md §10, appendix A W12, W13) go on to the same kernels
 // in long double. Rows that see a NaN or an Inf get NaN outputs (tiled.hpp,
@@ -28,7 +31,7 @@
 #include <vector>
 
 #include "backend.hpp"
-#include "cpu/bfloat16.hpp"
+#include "cpu/storage16.hpp"
 #include "cpu/tiled.hpp"
 #include "cpu/widen.hpp"
 #include "cpu/isa.hpp"
@@ -96,29 +99,27 @@ void backward_widened(const BackwardArgs<T>& a, const AttentionShape& sh, double
         backward_declined<W, Stencil>(w.args, sh, scale, declined, dt);
       },
       use_amx, accuracy);
-  auto each_element = [](const TensorView<T>& v, const TensorView<W>& wv, auto&& f) {
+  auto each_row = [](const TensorView<T>& v, const TensorView<W>& wv, auto&& f) {
     if (v.data == nullptr || wv.data == nullptr) return;
     for (index_t b = 0; b < v.batch; ++b)
       for (index_t h = 0; h < v.heads; ++h)
-        for (index_t s = 0; s < v.seq; ++s) {
-          T* o = v.row(b, h, s);
-          const W* x = wv.row(b, h, s);
-          for (index_t d = 0; d < v.dim; ++d) f(o[d], x[d]);
-        }
+        for (index_t s = 0; s < v.seq; ++s) f(v.row(b, h, s), wv.row(b, h, s), v.dim);
   };
-  const auto assign = [](T& o, W x) { o = T(x); };
-  const auto add = [](T& o, W x) { o = T(W(o) + x); };
+  const auto assign = [](T* o, const W* x, index_t n) { convert_n(x, o, n); };
+  const auto add = [](T* o, const W* x, index_t n) {
+    for (index_t d = 0; d < n; ++d) o[d] = T(W(o[d]) + x[d]);
+  };
   if (rows) {
     for (index_t r : *rows) {
       narrow_row(w.args.grad_query, a.grad_query, r);
       if (a.grad_temperature) dtau_rows[std::size_t(r)] = dtau[std::size_t(r)];
     }
-    each_element(a.grad_key, w.args.grad_key, add);
-    each_element(a.grad_value, w.args.grad_value, add);
+    each_row(a.grad_key, w.args.grad_key, add);
+    each_row(a.grad_value, w.args.grad_value, add);
   } else {
-    each_element(a.grad_query, w.args.grad_query, assign);
-    each_element(a.grad_key, w.args.grad_key, assign);
-    each_element(a.grad_value, w.args.grad_value, assign);
+    each_row(a.grad_query, w.args.grad_query, assign);
+    each_row(a.grad_key, w.args.grad_key, assign);
+    each_row(a.grad_value, w.args.grad_value, assign);
     dtau_rows = dtau;
   }
 }
@@ -141,20 +142,30 @@ void backward_declined(const BackwardArgs<T>& a, const AttentionShape& sh, doubl
     backward_widened<wider_t<T>, Stencil>(a, sh, scale, &rows, dtau_rows);
 }
 
+/// The stencil accuracy of 16-bit storage computed in float: bfloat16's
+/// 2^-14 per term for bfloat16 (MATH.md §10, "The bfloat16 stencil"); float's
+/// own for float16, whose 2^-11 rounding the bf16 terms' gradient error
+/// (12 · 2^-14) would exceed.
+template <class T>
+constexpr StencilAccuracy stencil_accuracy() {
+  return std::is_same<T, bfloat16>::value ? StencilAccuracy::bf16 : StencilAccuracy::full;
+}
+
 /// The CPU forward of one validated call (attention_impl<cpu_t>::forward),
 /// compiled for this translation unit's instruction set (isa.hpp). Amx: with
 /// bfloat16 storage computed in float, the tile products on AMX-BF16
 /// (cpu/amx.hpp; the caller checked amx::usable()).
 template <class T, class Stencil, bool Amx = false>
 void run_forward(const ForwardArgs<T>& args, const AttentionShape& shape, double scale) {
-  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value || std::is_same<T, bfloat16>::value,
-                "continuum CPU backend: T must be float, double or continuum::bfloat16");
-  if constexpr (!std::is_same<T, double>::value) {  // float or bfloat16 storage
+  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value || is_storage16_v<T>,
+                "continuum CPU backend: T must be float, double, continuum::bfloat16 or continuum::float16");
+  static_assert(!Amx || std::is_same<T, bfloat16>::value, "AMX-BF16 tiles take bfloat16 storage only");
+  if constexpr (!std::is_same<T, double>::value) {  // float or 16-bit storage
     if (args.compute == Compute::float64) return forward_widened<double, Stencil>(args, shape, scale, nullptr);
-    if constexpr (std::is_same<T, bfloat16>::value)  // storage only: computed in float
-      return forward_widened<float, Stencil>(args, shape, scale, nullptr, Amx, StencilAccuracy::bf16);
+    if constexpr (is_storage16_v<T>)  // storage only: computed in float
+      return forward_widened<float, Stencil>(args, shape, scale, nullptr, Amx, stencil_accuracy<T>());
   }
-  if constexpr (!std::is_same<T, bfloat16>::value)
+  if constexpr (!is_storage16_v<T>)
     tiled::forward_tiled<T, Stencil>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
       forward_declined<T, Stencil>(args, shape, scale, rows);
     });
@@ -164,20 +175,21 @@ void run_forward(const ForwardArgs<T>& args, const AttentionShape& shape, double
 /// Amx as for run_forward (the score products S and dP on AMX-BF16).
 template <class T, class Stencil, bool Amx = false>
 void run_backward(const BackwardArgs<T>& args, const AttentionShape& shape, double scale) {
-  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value || std::is_same<T, bfloat16>::value,
-                "continuum CPU backend: T must be float, double or continuum::bfloat16");
+  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value || is_storage16_v<T>,
+                "continuum CPU backend: T must be float, double, continuum::bfloat16 or continuum::float16");
+  static_assert(!Amx || std::is_same<T, bfloat16>::value, "AMX-BF16 tiles take bfloat16 storage only");
   std::vector<double> dtau_rows;
   bool done = false;
-  if constexpr (!std::is_same<T, double>::value) {  // float or bfloat16 storage
+  if constexpr (!std::is_same<T, double>::value) {  // float or 16-bit storage
     if (args.compute == Compute::float64) {
       backward_widened<double, Stencil>(args, shape, scale, nullptr, dtau_rows);
       done = true;
-    } else if constexpr (std::is_same<T, bfloat16>::value) {  // storage only: computed in float
-      backward_widened<float, Stencil>(args, shape, scale, nullptr, dtau_rows, Amx, StencilAccuracy::bf16);
+    } else if constexpr (is_storage16_v<T>) {  // storage only: computed in float
+      backward_widened<float, Stencil>(args, shape, scale, nullptr, dtau_rows, Amx, stencil_accuracy<T>());
       done = true;
     }
   }
-  if constexpr (!std::is_same<T, bfloat16>::value)
+  if constexpr (!is_storage16_v<T>)
     if (!done)
       dtau_rows = tiled::backward_tiled<T, Stencil>(
           args, scale, nullptr, [&](const std::vector<index_t>& rows, std::vector<double>& dt) {

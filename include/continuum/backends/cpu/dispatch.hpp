@@ -14,13 +14,13 @@
 #include "../../attention/params.hpp"
 #include "../../attention/validate.hpp"
 #include "../../math/density.hpp"
-#include "bfloat16.hpp"
+#include "storage16.hpp"
 
 namespace continuum {
 namespace cpu_dispatch {
 
 /// The instruction sets that kernels are built for, lowest first. Each one's
-/// CPUID requirements: sse2 — x86-64; avx2 — AVX2, FMA, BMI1, BMI2; avx512 —
+/// CPUID requirements: sse2 — x86-64; avx2 — AVX2, FMA, BMI1, BMI2, F16C; avx512 —
 /// those and AVX-512 F, BW, DQ, VL, CD; amx — the avx512 kernels with the
 /// bfloat16 forward's tile products on AMX-BF16 tiles (backends/cpu/amx.hpp):
 /// avx512, AMX-TILE, AMX-BF16, and Linux's permission for the tile data.
@@ -52,8 +52,8 @@ Isa parse(const std::string& text);
 
 /// attention_impl<cpu_t>'s forward and backward on the selected kernels: a
 /// validated call (attention_forward / attention_backward, MATH.md §4–§6).
-/// T: float or double; Stencil: ContinuumStencil or SoftmaxStencil (defined,
-/// for those four pairs, in src/cpu_dispatch.cpp).
+/// T: float, double, bfloat16 or float16; Stencil: ContinuumStencil or
+/// SoftmaxStencil (defined, for those eight pairs, in src/cpu_dispatch.cpp).
 template <class T, class Stencil>
 void forward(const ForwardArgs<T>& args, const AttentionShape& shape, double scale, Stencil);
 template <class T, class Stencil>
@@ -73,6 +73,8 @@ struct KernelTable {
   Backward<double> backward_double[2];
   Forward<bfloat16> forward_bf16[2];
   Backward<bfloat16> backward_bf16[2];
+  Forward<float16> forward_f16[2];
+  Backward<float16> backward_f16[2];
   bool (*usable)();  // a run-time check beyond CPUID (amx: the tile permission), or null
 };
 

@@ -354,21 +354,6 @@ struct VectorOps {
     return T(1) / x;
   }
 
-  /// 1/x for x ≥ 1/4 (finite) to the stencil accuracy A: at bf16 accuracy on
-  /// AVX2 (float), the 12-bit estimate vrcpps refined by one Newton step
-  /// (relative error ≤ 2^-22, far below 2^-14) instead of a division;
-  /// otherwise reciprocal().
-  template <StencilAccuracy A>
-  static V reciprocal_to(V x) {
-#if defined(__AVX__) && !defined(__AVX512F__)
-    if constexpr (kSimdBytes == 32 && kFloat && A == StencilAccuracy::bf16) {
-      V r = (V)_mm256_rcp_ps((__m256)x);
-      return r + r * (T(1) - x * r);
-    }
-#endif
-    return reciprocal(x);
-  }
-
   template <int N>
   static V horner(const T (&c)[N], V t) {
     V p = splat(c[N - 1]);
@@ -442,7 +427,7 @@ struct VectorOps {
         return;
       }
     }
-    const V r = reciprocal_to<A>(vmax(b, splat(R::fwd_edge)));
+    const V r = reciprocal(vmax(b, splat(R::fwd_edge)));
     cn = (eM * (t * r) + eMin * r) * r;
     cf = ((eM - (T(1) + b) * eMin) * r) * r;
     if (regime == 0) {
@@ -477,7 +462,7 @@ struct VectorOps {
         return;
       }
     }
-    const V r = reciprocal_to<A>(vmax(b, splat(R::bwd_edge)));
+    const V r = reciprocal(vmax(b, splat(R::bwd_edge)));
     const V cn = (eM * (t * r) + eMin * r) * r;
     const V cf = ((eM - (T(1) + b) * eMin) * r) * r;
     const V ck = (((b - T(2)) * r) * eM + ((b + T(2)) * r) * eMin) * r * r;

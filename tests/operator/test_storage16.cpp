@@ -1,16 +1,19 @@
-// bfloat16 storage on the CPU (backends/cpu/bfloat16.hpp, docs/MATH.md §10):
-// the call is converted to float once, the float kernels run, and each output
-// is rounded once to bfloat16 (lse and dτ stay float).
+// 16-bit storage on the CPU, bfloat16 and float16 (backends/cpu/storage16.hpp,
+// docs/MATH.md §10): the call is converted to float once, the float kernels
+// run, and each output is rounded once to the storage type (lse and dτ stay
+// float).
 //
-// Error bound, derived: the inputs are bfloat16, so the reference is fed
-// exactly those values (the rounding of the caller's data to bfloat16 is the
-// caller's, not the operator's). The float computation then has the float
-// bounds of harness.hpp (forward_tolerance / backward_tolerance), and rounding
-// an output x to bfloat16 (8 significant bits, round to nearest even) adds at
-// most u·|x| with u = 2^-8. Relative to each tensor's max-abs:
-//   out, dQ, dK, dV:  float bound + 2^-8;   lse, dτ (float):  the float bound.
-// With Compute::float64 the double result is rounded to float, then to
-// bfloat16: 2^-8 + 2^-24 + the double bound.
+// Error bound, derived: the inputs are 16-bit, so the reference is fed exactly
+// those values (the rounding of the caller's data to 16 bits is the caller's,
+// not the operator's). The float computation then has the float bounds of
+// harness.hpp (forward_tolerance / backward_tolerance), and rounding an output
+// x to the storage type (round to nearest even) adds at most u·|x|, with
+// u = 2^-8 for bfloat16 (8 significant bits) and u = 2^-11 for float16 (11;
+// the outputs here are far inside float16's normal range, 2^-14 to 65504).
+// Relative to each tensor's max-abs:
+//   out, dQ, dK, dV:  float bound + u;   lse, dτ (float):  the float bound.
+// With Compute::float64 the double result is rounded to float, then to 16
+// bits: u + 2^-24 + the double bound.
 //
 // The continuum stencil of a bfloat16 call computed in float is evaluated to
 // bfloat16's accuracy (StencilAccuracy::bf16, vector_moments.hpp): each segment
@@ -22,8 +25,9 @@
 // derivative term and Z⁻¹ (≤ 2ε, relative, for each of P and dS, ≤ 4ε for the
 // summand), amplified by at most 3 where dP − Dl cancels (the float argument of
 // harness.hpp's backward_tolerance): 12ε of each gradient's max-abs. Softmax
-// and focal have no such stencil (e^s is float's), and Compute::float64 keeps
-// the double stencil: their bounds have no such term.
+// and focal have no such stencil (e^s is float's), Compute::float64 keeps the
+// double stencil, and float16 keeps float's (12ε = 1.5 · 2^-11 would exceed
+// its rounding): their bounds have no such term.
 //
 // On AMX (cpu_dispatch's "amx", backends/cpu/amx.hpp) the forward's P·V
 // product takes the weights rounded to bfloat16, W̃_j = W_j (1 + δ_j) with
@@ -46,16 +50,31 @@
 
 using namespace harness;
 using continuum::bfloat16;
+using continuum::float16;
 using continuum::index_t;
 
 namespace {
 
-/// A bfloat16 copy of a float test tensor, same layout (padding included).
-struct Bf16Tensor {
-  std::vector<bfloat16> buf;
-  continuum::TensorView<bfloat16> view;
-  explicit Bf16Tensor(const Tensor<float>& t) : buf(t.buf.size()) {
-    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = bfloat16(t.buf[i]);
+template <class S>
+constexpr const char* storage_name() {
+  return std::is_same<S, bfloat16>::value ? "bfloat16" : "float16";
+}
+/// The unit roundoff of storage type S (round to nearest even).
+template <class S>
+double unit_roundoff() {
+  return std::ldexp(1.0, -std::numeric_limits<S>::digits);
+}
+static_assert(std::numeric_limits<bfloat16>::digits == 8 && std::numeric_limits<float16>::digits == 11,
+              "significant bits of the 16-bit storage types");
+
+/// A 16-bit copy (storage type S) of a float test tensor, same layout
+/// (padding included).
+template <class S>
+struct Tensor16 {
+  std::vector<S> buf;
+  continuum::TensorView<S> view;
+  explicit Tensor16(const Tensor<float>& t) : buf(t.buf.size()) {
+    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = S(t.buf[i]);
     const auto& v = t.view;
     view = {buf.data(), v.batch, v.heads, v.seq, v.dim, v.stride_batch, v.stride_head, v.stride_seq, v.stride_dim};
   }
@@ -69,16 +88,18 @@ struct Bf16Tensor {
   }
 };
 
-/// Rounds every input of c to bfloat16 in place (so that c's reference problem
-/// is the one the bfloat16 call computes).
+/// Rounds every input of c to S in place (so that c's reference problem is the
+/// one the 16-bit call computes).
+template <class S = bfloat16>
 void round_inputs(Case<float>& c) {
-  auto f = [](float& x) { x = float(bfloat16(x)); };
+  auto f = [](float& x) { x = float(S(x)); };
   c.q.for_each(f);
   c.k.for_each(f);
   c.v.for_each(f);
   c.dout.for_each(f);
 }
 
+template <class S = bfloat16>
 void setup(Case<float>& c, int shape, int vis, int kernel, std::uint64_t salt) {
   static const index_t L[][2] = {{33, 70}, {1, 140}, {70, 70}};
   c.B = shape == 0 ? 2 : 1;
@@ -95,17 +116,19 @@ void setup(Case<float>& c, int shape, int vis, int kernel, std::uint64_t salt) {
   c.alloc();
   auto rng = rng_for(salt);
   c.fill_uniform(rng);
-  round_inputs(c);
+  round_inputs<S>(c);
 }
 
-struct Bf16Call {
-  Bf16Tensor q, k, v, dout, o, dq, dk, dv;
-  explicit Bf16Call(const Case<float>& c)
+template <class S = bfloat16>
+struct Call16 {
+  Tensor16<S> q, k, v, dout, o, dq, dk, dv;
+  explicit Call16(const Case<float>& c)
       : q(c.q), k(c.k), v(c.v), dout(c.dout), o(c.o), dq(c.dq), dk(c.dk), dv(c.dv) {}
 };
+using Bf16Call = Call16<bfloat16>;
 
-/// The options of c's float call, for a bfloat16 call (accum_t<bfloat16> is
-/// float: the temperature is the same).
+/// The options of c's float call, for a 16-bit call (accum_t of both 16-bit
+/// types is float: the temperature is the same).
 template <class Args>
 void copy_options(Case<float>& c, Args& a) {
   const auto f = c.forward_args();
@@ -117,8 +140,9 @@ void copy_options(Case<float>& c, Args& a) {
   a.num_threads = c.threads;
 }
 
-void forward_bf16(Case<float>& c, Bf16Call& x, std::vector<float>& lse) {
-  continuum::ForwardArgs<bfloat16> a;
+template <class S>
+void forward16(Case<float>& c, Call16<S>& x, std::vector<float>& lse) {
+  continuum::ForwardArgs<S> a;
   copy_options(c, a);
   a.query = x.q.view;
   a.key = x.k.view;
@@ -129,8 +153,9 @@ void forward_bf16(Case<float>& c, Bf16Call& x, std::vector<float>& lse) {
   continuum::attention_forward(continuum::cpu, a);
 }
 
-void backward_bf16(Case<float>& c, Bf16Call& x, std::vector<float>& dtau) {
-  continuum::BackwardArgs<bfloat16> a;
+template <class S>
+void backward16(Case<float>& c, Call16<S>& x, std::vector<float>& dtau) {
+  continuum::BackwardArgs<S> a;
   copy_options(c, a);
   a.query = x.q.view;
   a.key = x.k.view;
@@ -147,15 +172,18 @@ void backward_bf16(Case<float>& c, Bf16Call& x, std::vector<float>& dtau) {
 
 #if defined(CONTINUUM_CPU_DISPATCH)
 namespace cd = continuum::cpu_dispatch;
-/// The bfloat16 units this CPU can run: the vector path (the best non-AMX
-/// kernels) and AMX where the CPU and Linux allow it; skips are reported.
-std::vector<cd::Isa> bf16_units() {
+/// The units this CPU can run storage type S on: the vector path (the best
+/// non-AMX kernels) and, for bfloat16, AMX where the CPU and Linux allow it;
+/// skips are reported.
+template <class S>
+std::vector<cd::Isa> units16() {
   std::vector<cd::Isa> out;
   for (cd::Isa i : {cd::Isa::avx512, cd::Isa::avx2, cd::Isa::sse2})
     if (cd::supported(i)) {
       out.push_back(i);
       break;
     }
+  if (!std::is_same<S, bfloat16>::value) return out;  // AMX-BF16 takes bfloat16 only
   if (cd::supported(cd::Isa::amx)) out.push_back(cd::Isa::amx);
   else WARN("skipped: bfloat16 on AMX (this CPU or kernel has no AMX-BF16 tiles for this process)");
   return out;
@@ -192,23 +220,25 @@ double max_abs_of(const Tensor<float>& t) {
 
 }  // namespace
 
-TEST_CASE("bfloat16 storage: forward and backward within one bfloat16 rounding of the float bound",
-          "[operator][bfloat16]") {
+TEMPLATE_TEST_CASE("16-bit storage: forward and backward within one rounding of the float bound",
+                   "[operator][bfloat16][float16]", bfloat16, float16) {
+  using S = TestType;
   use_mp_precision();
 #if defined(CONTINUUM_CPU_DISPATCH)
   RestoreIsa restore;
-  const std::vector<cd::Isa> units = bf16_units();
+  const std::vector<cd::Isa> units = units16<S>();
 #endif
   const int shape = GENERATE(0, 1, 2);
   const int vis = GENERATE(0, 4, 6);  // full, causal window of 5, window (0, 2)
   const int kernel = GENERATE(0, 1);
   Case<float> c;
-  setup(c, shape, vis, kernel, 1000 + 10 * shape + vis);
+  setup<S>(c, shape, vis, kernel, 1000 + 10 * shape + vis);
   const auto p = c.problem<mp>();
   const auto f = continuum::reference::forward(p);
   const auto g = continuum::reference::backward(p, c.grad_out_ref<mp>());
   const double max_s = max_abs(f.scores);
-  const double u = std::ldexp(1.0, -8);
+  const double u = unit_roundoff<S>();
+  constexpr bool bf16 = std::is_same<S, bfloat16>::value;
 #if defined(CONTINUUM_CPU_DISPATCH)
   for (cd::Isa unit : units)
 #endif
@@ -219,19 +249,19 @@ TEST_CASE("bfloat16 storage: forward and backward within one bfloat16 rounding o
     c.compute = in_double ? continuum::Compute::float64 : continuum::Compute::automatic;
     // AMX (float compute only): one more u · max|v| from W̃ (header).
     const double amx_out = !in_double && on_amx() ? u * max_abs_of(c.v) : 0.0;
-    // The bf16-accuracy stencil (continuum, float compute only; header).
-    const double eps_stencil = !in_double && kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
+    // The bf16-accuracy stencil (bfloat16, continuum, float compute only; header).
+    const double eps_stencil = bf16 && !in_double && kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
     const double stencil_out = 2 * eps_stencil * max_abs_of(c.v), stencil_grad = 12 * eps_stencil;
-    Bf16Call x(c);
+    Call16<S> x(c);
     std::vector<float> lse, dtau;
-    forward_bf16(c, x, lse);
-    backward_bf16(c, x, dtau);
+    forward16(c, x, lse);
+    backward16(c, x, dtau);
     const double ftol = in_double ? std::ldexp(1.0, -24) + forward_tolerance<double>(max_s, c.D)
                                   : forward_tolerance<float>(max_s, c.D);
     const double btol = in_double ? std::ldexp(1.0, -24) + backward_tolerance<double>(max_s, c.D)
                                   : backward_tolerance<float>(max_s, c.D);
     const std::string label =
-        std::string("bfloat16") + (amx_out > 0 ? " amx" : "") + (in_double ? "/compute float64" : "");
+        std::string(storage_name<S>()) + (amx_out > 0 ? " amx" : "") + (in_double ? "/compute float64" : "");
     INFO(label << " shape " << shape << " vis " << vis << " kernel " << kernel << " max|s| " << max_s);
 
     const Error out = compare(x.o.contiguous(), f.out), l = compare(lse, f.lse);
@@ -252,14 +282,15 @@ TEST_CASE("bfloat16 storage: forward and backward within one bfloat16 rounding o
   }
 }
 
-TEST_CASE("bfloat16 storage: hidden keys never change a bit, and the thread count neither",
-          "[operator][bfloat16]") {
+TEMPLATE_TEST_CASE("16-bit storage: hidden keys never change a bit, and the thread count neither",
+                   "[operator][bfloat16][float16]", bfloat16, float16) {
+  using S = TestType;
   // Explicit ranges end 5 keys early: the last 5 keys and values are hidden
   // from every query. NaN, Inf and 1e30 there must leave every output and
   // gradient bitwise as with zeros; 1, 2 and 3 threads give the same bits.
   const int kernel = GENERATE(0, 1);
   Case<float> c;
-  setup(c, 0, 0, kernel, 77);
+  setup<S>(c, 0, 0, kernel, 77);
   c.range_lo.assign(std::size_t(c.B * c.Lq), 0);
   c.range_hi.assign(std::size_t(c.B * c.Lq), c.Lk - 5);
   std::vector<std::vector<float>> first;
@@ -273,10 +304,10 @@ TEST_CASE("bfloat16 storage: hidden keys never change a bit, and the thread coun
               c.k.view.row(b, h, j)[d] = junk;
               c.v.view.row(b, h, j)[d] = junk;
             }
-      Bf16Call x(c);
+      Call16<S> x(c);
       std::vector<float> lse, dtau;
-      forward_bf16(c, x, lse);
-      backward_bf16(c, x, dtau);
+      forward16(c, x, lse);
+      backward16(c, x, dtau);
       const std::vector<std::vector<float>> now = {x.o.contiguous(),  lse, x.dq.contiguous(),
                                                    x.dk.contiguous(), x.dv.contiguous(), dtau};
       INFO("kernel " << kernel << " junk " << junk << " threads " << threads);
@@ -332,7 +363,7 @@ TEST_CASE("bfloat16 on AMX: concentrated attention, decode rows, FP state and ti
   mine[48] = 3;
   load_tile_config(mine);
 #endif
-  forward_bf16(c, x, lse);
+  forward16(c, x, lse);
 #if defined(TEST_AMX_CONFIG)
   store_tile_config(after);
   release_tiles();
@@ -355,7 +386,7 @@ TEST_CASE("bfloat16 on AMX: concentrated attention, decode rows, FP state and ti
   {
     const auto g = continuum::reference::backward(p, c.grad_out_ref<mp>());
     std::vector<float> dtau;
-    backward_bf16(c, x, dtau);
+    backward16(c, x, dtau);
     const double btol = backward_tolerance<float>(max_abs(f.scores), c.D);
     const Error dq = compare(x.dq.contiguous(), g.grad_query), dk = compare(x.dk.contiguous(), g.grad_key),
                 dv = compare(x.dv.contiguous(), g.grad_value);
@@ -381,13 +412,77 @@ TEST_CASE("bfloat16 on AMX: concentrated attention, decode rows, FP state and ti
     d.vis = continuum::Visibility{};
     Bf16Call y(d);
     std::vector<float> l1;
-    forward_bf16(d, y, l1);
+    forward16(d, y, l1);
     const std::vector<float> full = x.o.contiguous(), one = y.o.contiguous();
     for (index_t h = 0; h < c.Hq; ++h) {
       INFO("query " << i << " head " << h);
       const float* a = full.data() + (h * c.Lq + i) * c.Dv;
       const float* b = one.data() + h * c.Dv;
       CHECK(std::memcmp(a, b, sizeof(float) * std::size_t(c.Dv)) == 0);
+    }
+  }
+}
+
+TEST_CASE("float16 storage: every finite float16 value goes through a call exactly, and ties round to even, "
+          "on every instruction set",
+          "[operator][float16]") {
+  // Softmax with all scores 0 (q = k = 0): a query that sees one key returns
+  // its value (weight 1), one that sees two returns their mean, exact in
+  // float. V holds each of the 63 488 finite float16 values once, column d
+  // the 1 024 consecutive bit patterns from d·1024 (negative values from
+  // column 31): the one-key call widens and narrows every value, the two-key
+  // call narrows a tie between neighbours at every key. The reference is
+  // Eigen's scalar conversion as compiled here (without F16C); the kernels'
+  // F16C path (avx2, avx512) must give the same bits.
+  constexpr index_t L = 1024, Dv = 62;
+  const auto bits_at = [](index_t m) -> std::uint16_t {
+    return std::uint16_t(m < 31 * 1024 ? m : m - 31 * 1024 + 0x8000);
+  };
+  std::vector<float16> v(std::size_t(L * Dv)), q(std::size_t(L), float16(0.0f)), o(std::size_t(L * Dv));
+  for (index_t j = 0; j < L; ++j)
+    for (index_t d = 0; d < Dv; ++d)
+      v[std::size_t(j * Dv + d)] = Eigen::numext::bit_cast<float16>(bits_at(d * 1024 + j));
+  std::vector<float> lse(static_cast<std::size_t>(L));
+  using CV = continuum::TensorView<const float16>;
+#if defined(CONTINUUM_CPU_DISPATCH)
+  RestoreIsa restore;
+  for (cd::Isa isa : {cd::Isa::sse2, cd::Isa::avx2, cd::Isa::avx512}) {
+    if (!cd::supported(isa)) {
+      WARN("skipped: float16 conversions on " << cd::name(isa) << " (this CPU cannot run it)");
+      continue;
+    }
+    cd::select(isa);
+    INFO("instruction set " << cd::name(isa));
+#else
+  {
+#endif
+    for (const index_t right : {index_t(0), index_t(1)}) {
+      continuum::ForwardArgs<float16> a;
+      a.query = CV::bhsd(q.data(), 1, 1, L, 1);
+      a.key = CV::bhsd(q.data(), 1, 1, L, 1);
+      a.value = CV::bhsd(v.data(), 1, 1, L, Dv);
+      a.out = continuum::TensorView<float16>::bhsd(o.data(), 1, 1, L, Dv);
+      a.lse = lse.data();
+      a.kernel = continuum::Kernel::softmax;
+      a.visibility.window_left = 0;
+      a.visibility.window_right = right;
+      continuum::attention_forward(continuum::cpu, a);
+      std::size_t wrong = 0;
+      for (index_t i = 0; i < L; ++i)
+        for (index_t d = 0; d < Dv; ++d) {
+          const float x = float(v[std::size_t(i * Dv + d)]);
+          const float mean = right == 0 || i + 1 == L ? x : (x + float(v[std::size_t((i + 1) * Dv + d)])) / 2;
+          const float16 want = float16(mean);  // Eigen, scalar, round to nearest even
+          const float16 got = o[std::size_t(i * Dv + d)];
+          // −0 comes back +0 (the accumulator starts at +0: 0 + 1·(−0) = +0).
+          const bool same = mean == 0.0f ? float(got) == 0.0f
+                                         : Eigen::numext::bit_cast<std::uint16_t>(got) ==
+                                               Eigen::numext::bit_cast<std::uint16_t>(want);
+          if (!same && wrong++ < 5)
+            UNSCOPED_INFO("row " << i << " column " << d << ": " << float(got) << " for " << mean);
+        }
+      INFO((right == 0 ? "one key: every value" : "two keys: ties between neighbours"));
+      CHECK(wrong == 0);
     }
   }
 }
