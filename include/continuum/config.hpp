@@ -35,7 +35,8 @@ inline constexpr int version_minor = CONTINUUM_VERSION_MINOR;
 inline constexpr int version_patch = CONTINUUM_VERSION_PATCH;
 
 /// Accumulator type for a storage type (STYLE.md: keep Element apart from Accum).
-/// float accumulates in float, double in double; 16-bit types (CUDA) in float.
+/// float accumulates in float, double in double; 16-bit types (CUDA, and the
+/// CPU's bfloat16 and float16, backends/cpu/storage16.hpp) in float.
 template <class T> struct accum { using type = T; };
 template <class T> using accum_t = typename accum<T>::type;
 

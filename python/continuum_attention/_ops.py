@@ -192,7 +192,8 @@ def attention(
         value: [B, Hk, Lk, Dv] (Dv may differ from D, Lk from Lq).
             Any strides with a contiguous last axis (stride 1) are used in place,
             without copies (BHSD, BSHD via ``.transpose(1, 2)``, slices of packed
-            QKV). One device, one dtype: float32 or float64 on the CPU.
+            QKV). One device, one dtype: float32, float64, bfloat16 or float16 on the
+            CPU.
         kernel: "continuum" (default), "softmax" or "focal".
         causal: bottom-right aligned causal mask (MATH.md §3): query i sees keys
             j ≤ i + Lk - Lq (PyTorch's ``causal_lower_right``; equal to

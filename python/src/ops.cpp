@@ -53,7 +53,7 @@ using continuum::index_t;
 constexpr const char* kWho = "continuum_attention";
 
 /// The library's accum_t: lse, a tensor temperature and dτ are float for the
-/// 16-bit storage types (CUDA), the storage type otherwise.
+/// 16-bit storage types (CPU and CUDA), the storage type otherwise.
 at::ScalarType accum_type(at::ScalarType st) {
   return st == at::kHalf || st == at::kBFloat16 ? at::kFloat : st;
 }

@@ -126,7 +126,7 @@ def test_cli_bfloat16_equals_the_operator(tmp_path):
 
 
 def test_cli_float16_equals_the_operator(tmp_path):
-    """--dtype float16 reads NumPy float16 files and writes them ('<f2'): the
+    """float16 files ('<f2') are float16 storage: the
     PyTorch operator's float16 call, bit for bit (the same float32 kernels,
     each output rounded once to float16); lse and dtemp stay float32 files.
     A float32 temperature file and float16 inputs mix (the temperature is
@@ -158,3 +158,29 @@ def test_cli_float16_equals_the_operator(tmp_path):
     assert r.returncode == 0, r.stderr
     got = np.load(tmp_path / "o32" / "o.npy")
     assert got.dtype == np.float32 and np.array_equal(got, out.detach().float().numpy())
+
+
+def test_cli_dtype_float16_converts_and_examples(tmp_path):
+    """--dtype float16 converts float32 files (to nearest even, as NumPy's
+    astype): the same outputs, bit for bit, as the float16 files themselves;
+    --make-example --example-dtype float16 writes '<f2' inputs NumPy reads."""
+    r = subprocess.run([CLI, "--make-example", str(tmp_path / "ex"), "--example-dtype", "float16",
+                        "--example-shape", "1", "2", "9", "9", "8"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for n in ("q", "k", "v", "do"):
+        x = np.load(tmp_path / "ex" / f"{n}.npy")
+        assert x.dtype == np.float16 and x.shape == (1, 2, 9, 8) and np.abs(x).max() <= 1
+        np.save(tmp_path / f"{n}32.npy", x.astype(np.float32) + np.float32(1e-5))  # not float16 values
+    def run(suffix, out, *extra):
+        args = [CLI, "--causal", "--out", str(tmp_path / out), *extra]
+        for n in ("q", "k", "v", "do"):
+            args += [f"--{n}", str(tmp_path / f"{n}{suffix}.npy")]
+        r = subprocess.run(args, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    for n in ("q", "k", "v", "do"):
+        np.save(tmp_path / f"{n}16.npy", np.load(tmp_path / f"{n}32.npy").astype(np.float16))
+    run("32", "conv", "--dtype", "float16")
+    run("16", "own")
+    for name in ("o", "lse", "dq", "dk", "dv", "dtemp"):
+        a, b = np.load(tmp_path / "conv" / f"{name}.npy"), np.load(tmp_path / "own" / f"{name}.npy")
+        assert a.dtype == b.dtype and np.array_equal(a, b), name

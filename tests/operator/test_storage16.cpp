@@ -428,19 +428,21 @@ TEST_CASE("float16 storage: every finite float16 value goes through a call exact
           "[operator][float16]") {
   // Softmax with all scores 0 (q = k = 0): a query that sees one key returns
   // its value (weight 1), one that sees two returns their mean, exact in
-  // float. V holds each of the 63 488 finite float16 values once, column d
+  // float. V holds each of the 63 488 finite float16 values once, column d < 62
   // the 1 024 consecutive bit patterns from d·1024 (negative values from
   // column 31): the one-key call widens and narrows every value, the two-key
   // call narrows a tie between neighbours at every key. The reference is
   // Eigen's scalar conversion as compiled here (without F16C); the kernels'
   // F16C path (avx2, avx512) must give the same bits.
-  constexpr index_t L = 1024, Dv = 62;
+  // Dv = 64: columns 62 and 63 are zeros, so that every value's column goes
+  // through F16C's eight-at-a-time loop, none through the scalar tail only.
+  constexpr index_t L = 1024, Dv = 64;
   const auto bits_at = [](index_t m) -> std::uint16_t {
     return std::uint16_t(m < 31 * 1024 ? m : m - 31 * 1024 + 0x8000);
   };
-  std::vector<float16> v(std::size_t(L * Dv)), q(std::size_t(L), float16(0.0f)), o(std::size_t(L * Dv));
+  std::vector<float16> v(std::size_t(L * Dv), float16(0.0f)), q(std::size_t(L), float16(0.0f)), o(std::size_t(L * Dv));
   for (index_t j = 0; j < L; ++j)
-    for (index_t d = 0; d < Dv; ++d)
+    for (index_t d = 0; d < 62; ++d)
       v[std::size_t(j * Dv + d)] = Eigen::numext::bit_cast<float16>(bits_at(d * 1024 + j));
   std::vector<float> lse(static_cast<std::size_t>(L));
   using CV = continuum::TensorView<const float16>;

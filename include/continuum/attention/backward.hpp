@@ -20,7 +20,8 @@ namespace continuum {
 /// first key at the maximum score) and gets dS there from Σ_j dS_ij = 0 in a
 /// cancellation-free form, so gradients keep their relative accuracy where P
 /// is concentrated (tiny τ: dQ, dK = O(τ) are not swamped by c·ε).
-/// \tparam T  float or double (storage); the CPU backend computes in the
+/// \tparam T  float or double (storage; the CPU backend also takes bfloat16 and
+///            float16, computed in float); the CPU backend computes in the
 ///            arithmetic args.compute selects (params.hpp, Compute), as the forward.
 /// \param args.query, key, value, temperature, scale, visibility, kernel  exactly
 ///            as given to attention_forward.

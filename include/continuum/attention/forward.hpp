@@ -15,7 +15,8 @@ namespace continuum {
 /// continuum) or e^{s_ij} (softmax; focal = softmax with the temperature given,
 /// MATH.md §8), s_ij = c_i · q_i·k_j, c_i = scale / τ_i.
 /// \tparam Backend  continuum::cpu_t (continuum::cuda_t with the CUDA backend).
-/// \tparam T        float or double (storage). The CPU backend computes in the
+/// \tparam T        float or double (storage; the CPU backend also takes
+///                  continuum::bfloat16 and float16, computed in float). The CPU backend computes in the
 ///                  arithmetic args.compute selects (params.hpp, Compute:
 ///                  the storage type's by default; float64 rounds each output
 ///                  once).
@@ -26,8 +27,8 @@ namespace continuum {
 /// \param[out] args.out  [B, Hq, Lq, Dv]; must not alias any input.
 /// \param[out] args.lse  [B, Hq, Lq] contiguous or null: log Z_i (natural log,
 ///                    score units) = c_i·max_j(q_i·k_j) + log Σ_j α̃_ij, rounded
-///                    to T; -inf for empty rows; ±inf if log Z_i is outside T's
-///                    range (tiny τ). attention_backward does not need it.
+///                    to accum_t<T> (T; float for 16-bit T); -inf for empty
+///                    rows; ±inf if log Z_i is outside that type's range (tiny τ). attention_backward does not need it.
 /// \param[out] args.probs, args.cell_mass  [B, Hq, Lq, Lk] contiguous or null:
 ///                    P and the half-token cell masses π (MATH.md §5), for
 ///                    inspection on small inputs; invisible keys get 0.
