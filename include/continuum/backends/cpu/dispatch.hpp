@@ -20,7 +20,7 @@ namespace continuum {
 namespace cpu_dispatch {
 
 /// The instruction sets that kernels are built for, lowest first. Each one's
-/// CPUID requirements: sse2 — x86-64; avx2 — AVX2, FMA, BMI1, BMI2, F16C; avx512 —
+/// CPUID requirements: sse2 — x86-64; avx2 — AVX2, FMA, BMI1, BMI2 (F16C, built with, comes with AVX2); avx512 —
 /// those and AVX-512 F, BW, DQ, VL, CD; amx — the avx512 kernels with the
 /// bfloat16 forward's tile products on AMX-BF16 tiles (backends/cpu/amx.hpp):
 /// avx512, AMX-TILE, AMX-BF16, and Linux's permission for the tile data.
