@@ -41,7 +41,9 @@
 #include <catch2/catch.hpp>
 
 #include <cfloat>
+#include <cmath>
 #include <cstring>
+#include <thread>
 #if defined(__x86_64__)
 #  include <immintrin.h>
 #endif
@@ -317,6 +319,45 @@ TEMPLATE_TEST_CASE("16-bit storage: hidden keys never change a bit, and the thre
       }
       for (std::size_t t = 0; t < now.size(); ++t) CHECK(bitwise_equal(now[t], first[t]));
     }
+}
+
+TEMPLATE_TEST_CASE("16-bit storage: a thread's reused conversion blocks change no bit",
+                   "[operator][bfloat16][float16]", bfloat16, float16) {
+  using S = TestType;
+  // A 16-bit call's float copies come from its thread's spare blocks
+  // (cpu/widen.hpp, SparePool), left as the previous call wrote them. Call A
+  // (every input NaN, a larger shape) leaves NaN in every block; call B
+  // (another shape and layout, 2 threads) then reuses them, and must give the
+  // bits B gives on a thread that has run nothing before.
+  const int kernel = GENERATE(0, 1);
+  Case<float> a, b;
+  setup<S>(a, 0, 0, kernel, 91);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (Tensor<float>* t : {&a.q, &a.k, &a.v, &a.dout}) t->for_each([&](float& x) { x = nan; });
+  setup<S>(b, 2, 1, kernel, 92);
+  b.threads = 2;
+  auto run = [](Case<float>& c) {
+    Call16<S> x(c);
+    std::vector<float> lse, dtau;
+    forward16(c, x, lse);
+    backward16(c, x, dtau);
+    return std::vector<std::vector<float>>{x.o.contiguous(),  lse, x.dq.contiguous(),
+                                           x.dk.contiguous(), x.dv.contiguous(), dtau};
+  };
+  std::vector<std::vector<float>> fresh, reused, again, poisoned;
+  std::thread([&] { fresh = run(b); }).join();
+  std::thread([&] {
+    poisoned = run(a);
+    reused = run(b);
+    again = run(b);
+  }).join();
+  CHECK(std::isnan(poisoned[0][0]));  // call A did run on NaN
+  REQUIRE(fresh.size() == reused.size());
+  for (std::size_t t = 0; t < fresh.size(); ++t) {
+    INFO("kernel " << kernel << " output " << t);
+    CHECK(bitwise_equal(reused[t], fresh[t]));
+    CHECK(bitwise_equal(again[t], fresh[t]));
+  }
 }
 
 TEST_CASE("bfloat16 on AMX: concentrated attention, decode rows, FP state and tile state", "[operator][bfloat16]") {

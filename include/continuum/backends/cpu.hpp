@@ -79,9 +79,9 @@ void forward_widened(const ForwardArgs<T>& a, const AttentionShape& sh, double s
                                      },
                                      use_amx, accuracy);
   if (rows)
-    for (index_t r : *rows) w.narrow(a, r);
+    for_rows(index_t(rows->size()), w.threads, [&](index_t r) { w.narrow(a, (*rows)[std::size_t(r)]); });
   else
-    for (index_t r = 0; r < sh.rows(); ++r) w.narrow(a, r);
+    for_rows(sh.rows(), w.threads, [&](index_t r) { w.narrow(a, r); });
 }
 
 /// The backward counterpart. With `rows` (rows declined by the pass in T):
@@ -99,12 +99,6 @@ void backward_widened(const BackwardArgs<T>& a, const AttentionShape& sh, double
         backward_declined<W, Stencil>(w.args, sh, scale, declined, dt);
       },
       use_amx, accuracy);
-  auto each_row = [](const TensorView<T>& v, const TensorView<W>& wv, auto&& f) {
-    if (v.data == nullptr || wv.data == nullptr) return;
-    for (index_t b = 0; b < v.batch; ++b)
-      for (index_t h = 0; h < v.heads; ++h)
-        for (index_t s = 0; s < v.seq; ++s) f(v.row(b, h, s), wv.row(b, h, s), v.dim);
-  };
   const auto assign = [](T* o, const W* x, index_t n) { convert_n(x, o, n); };
   const auto add = [](T* o, const W* x, index_t n) {
     for (index_t d = 0; d < n; ++d) o[d] = T(W(o[d]) + x[d]);
@@ -114,12 +108,12 @@ void backward_widened(const BackwardArgs<T>& a, const AttentionShape& sh, double
       narrow_row(w.args.grad_query, a.grad_query, r);
       if (a.grad_temperature) dtau_rows[std::size_t(r)] = dtau[std::size_t(r)];
     }
-    each_row(a.grad_key, w.args.grad_key, add);
-    each_row(a.grad_value, w.args.grad_value, add);
+    each_row(a.grad_key, w.args.grad_key, w.threads, add);
+    each_row(a.grad_value, w.args.grad_value, w.threads, add);
   } else {
-    each_row(a.grad_query, w.args.grad_query, assign);
-    each_row(a.grad_key, w.args.grad_key, assign);
-    each_row(a.grad_value, w.args.grad_value, assign);
+    each_row(a.grad_query, w.args.grad_query, w.threads, assign);
+    each_row(a.grad_key, w.args.grad_key, w.threads, assign);
+    each_row(a.grad_value, w.args.grad_value, w.threads, assign);
     dtau_rows = dtau;
   }
 }

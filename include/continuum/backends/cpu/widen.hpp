@@ -8,10 +8,15 @@
 // Every element is converted (exactly: float ⊂ double ⊂ long double), hidden
 // ones included; the kernels never read those (masking is structural), so
 // what a row cannot see still never reaches its result. Memory: a copy of the
-// inputs and outputs in the wider type (2× their size).
+// inputs and outputs in the wider type (2× their size). The conversions run
+// on the call's threads, row by row (a serial pass was a fifth of a 16-bit
+// forward on two cores).
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -19,6 +24,7 @@
 #include "../../attention/validate.hpp"
 #include "isa.hpp"
 #include "storage16.hpp"
+#include "tiled.hpp"
 #if defined(__F16C__)
 #  include <immintrin.h>
 #endif
@@ -68,28 +74,113 @@ inline void convert_n(const S* src, D* dst, index_t n) {
   for (; i < n; ++i) dst[i] = D(src[i]);
 }
 
+/// The blocks a thread's finished calls left for its next ones: the copies
+/// of a widened call are taken from here, not faulted in afresh (page faults
+/// were 15 % of a causal bfloat16 forward at 2048 tokens, 8 heads, head_dim
+/// 64: docs/PERFORMANCE.md). At most kSpareBytes per thread and type W are
+/// kept; larger blocks go back to the system, where their faults cost
+/// little beside the O(n²d) work of the call that needed them.
+template <class W>
+class SparePool {
+ public:
+  static constexpr std::size_t kSpareBytes = std::size_t(64) << 20;
+  struct Block {
+    std::unique_ptr<W[]> p;
+    std::size_t n = 0;
+  };
+  static SparePool& local() {
+    thread_local SparePool pool;
+    return pool;
+  }
+  /// The smallest kept block of at least n elements, or a new one.
+  Block take(std::size_t n) {
+    std::size_t best = blocks_.size();
+    for (std::size_t i = 0; i < blocks_.size(); ++i)
+      if (blocks_[i].n >= n && (best == blocks_.size() || blocks_[i].n < blocks_[best].n)) best = i;
+    if (best == blocks_.size()) return Block{std::unique_ptr<W[]>(new W[n]), n};
+    Block b = std::move(blocks_[best]);
+    blocks_.erase(blocks_.begin() + std::ptrdiff_t(best));
+    bytes_ -= b.n * sizeof(W);
+    return b;
+  }
+  /// Keeps b for a later call if it fits, dropping the smallest blocks first.
+  void give(Block b) {
+    if (!b.p || b.n * sizeof(W) > kSpareBytes) return;
+    while (bytes_ + b.n * sizeof(W) > kSpareBytes) {
+      auto smallest = std::min_element(blocks_.begin(), blocks_.end(),
+                                       [](const Block& x, const Block& y) { return x.n < y.n; });
+      bytes_ -= smallest->n * sizeof(W);
+      blocks_.erase(smallest);
+    }
+    bytes_ += b.n * sizeof(W);
+    blocks_.push_back(std::move(b));
+  }
+
+ private:
+  std::vector<Block> blocks_;
+  std::size_t bytes_ = 0;
+};
+
+/// Storage for n W's from the calling thread's SparePool, left
+/// uninitialised: every element is written before it is read, by the call's
+/// threads (a new block's pages are first touched there, not in a serial
+/// fill). Given back to the pool when destroyed.
+template <class W>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { SparePool<W>::local().give(std::move(b_)); }
+  W* allocate(std::size_t n) {
+    SparePool<W>::local().give(std::move(b_));
+    b_ = n ? SparePool<W>::local().take(n) : typename SparePool<W>::Block{};
+    return b_.p.get();
+  }
+  W* data() const { return b_.p.get(); }
+
+ private:
+  typename SparePool<W>::Block b_;
+};
+
+/// f(r) for every r in [0, n), on `threads` threads (static schedule).
+template <class F>
+void for_rows(index_t n, int threads, F&& f) {
+#if defined(_OPENMP)
+#  pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n > 1)
+#endif
+  for (index_t r = 0; r < n; ++r) f(r);
+}
+
+/// f(row of v, row of w, dim) for every (batch, head, position) row of two
+/// views of one shape, on `threads` threads.
+template <class A, class B, class F>
+void each_row(const TensorView<A>& v, const TensorView<B>& w, int threads, F&& f) {
+  if (v.data == nullptr || w.data == nullptr || v.dim == 0) return;
+  for_rows(v.batch * v.heads * v.seq, threads, [&](index_t r) {
+    const index_t s = r % v.seq, h = (r / v.seq) % v.heads, b = r / (v.seq * v.heads);
+    f(v.row(b, h, s), w.row(b, h, s), v.dim);
+  });
+}
+
 /// A contiguous BHSD copy in W of a view (its shape; strides of its own).
 /// An empty view stays empty with a non-null pointer (validate.hpp, settled).
 template <class W, class T>
-TensorView<const W> widened(const TensorView<const T>& v, std::vector<W>& buf) {
-  buf.assign(std::size_t(detail::element_count(v)), W(0));
-  TensorView<W> w = TensorView<W>::bhsd(buf.data(), v.batch, v.heads, v.seq, v.dim);
-  if (!buf.empty())
-    for (index_t b = 0; b < v.batch; ++b)
-      for (index_t h = 0; h < v.heads; ++h)
-        for (index_t s = 0; s < v.seq; ++s) {
-          convert_n(v.row(b, h, s), w.row(b, h, s), v.dim);
-        }
+TensorView<const W> widened(const TensorView<const T>& v, Buffer<W>& buf, int threads) {
+  TensorView<W> w =
+      TensorView<W>::bhsd(buf.allocate(std::size_t(detail::element_count(v))), v.batch, v.heads, v.seq, v.dim);
+  each_row(v, w, threads, [](const T* x, W* y, index_t n) { convert_n(x, y, n); });
   detail::settle_if_empty(w);
   return w;
 }
 
 /// A zeroed contiguous W output of the shape of `v` (null when v is).
 template <class W, class T>
-TensorView<W> widened_output(const TensorView<T>& v, std::vector<W>& buf) {
+TensorView<W> widened_output(const TensorView<T>& v, Buffer<W>& buf, int threads) {
   if (v.data == nullptr) return {};
-  buf.assign(std::size_t(detail::element_count(v)), W(0));
-  TensorView<W> w = TensorView<W>::bhsd(buf.data(), v.batch, v.heads, v.seq, v.dim);
+  TensorView<W> w =
+      TensorView<W>::bhsd(buf.allocate(std::size_t(detail::element_count(v))), v.batch, v.heads, v.seq, v.dim);
+  each_row(w, w, threads, [](W* y, W*, index_t n) { std::fill_n(y, n, W(0)); });
   detail::settle_if_empty(w);
   return w;
 }
@@ -119,11 +210,11 @@ Temperature<W> widened(const Temperature<T>& t, const AttentionShape& s, std::ve
 /// k, v) and the options (AttentionOptions; the temperature's array into
 /// tau), computing in W's own arithmetic.
 template <class Args, class WideArgs, class W>
-void widen_shared(const Args& a, const AttentionShape& s, WideArgs& w, std::vector<W>& q, std::vector<W>& k,
-                  std::vector<W>& v, std::vector<W>& tau) {
-  w.query = widened(a.query, q);
-  w.key = widened(a.key, k);
-  w.value = widened(a.value, v);
+void widen_shared(const Args& a, const AttentionShape& s, WideArgs& w, Buffer<W>& q, Buffer<W>& k, Buffer<W>& v,
+                  std::vector<W>& tau, int threads) {
+  w.query = widened(a.query, q, threads);
+  w.key = widened(a.key, k, threads);
+  w.value = widened(a.value, v, threads);
   AttentionOptions<W>& o = w;
   o.kernel = a.kernel;
   o.temperature = widened(a.temperature, s, tau);
@@ -136,12 +227,15 @@ void widen_shared(const Args& a, const AttentionShape& s, WideArgs& w, std::vect
 /// Forward arguments of T storage in W, the inspection maps included.
 template <class W, class T>
 struct WideForward {
-  std::vector<W> q, k, v, o, lse, tau, probs, cell_mass;
+  Buffer<W> q, k, v, o;
+  std::vector<W> lse, tau, probs, cell_mass;
   index_t len_k = 0;
+  int threads = 1;
   ForwardArgs<W> args;
-  WideForward(const ForwardArgs<T>& a, const AttentionShape& s) : len_k(s.len_k) {
-    widen_shared(a, s, args, q, k, v, tau);
-    args.out = widened_output(a.out, o);
+  WideForward(const ForwardArgs<T>& a, const AttentionShape& s)
+      : len_k(s.len_k), threads(tiled::resolve_threads(a.num_threads)) {
+    widen_shared(a, s, args, q, k, v, tau, threads);
+    args.out = widened_output(a.out, o, threads);
     if (a.lse) {
       lse.assign(std::size_t(s.rows()), W(0));
       args.lse = lse.data();
@@ -159,10 +253,9 @@ struct WideForward {
   void narrow(const ForwardArgs<T>& a, index_t row) const {
     narrow_row(args.out, a.out, row);
     if (a.lse) a.lse[row] = accum_t<T>(lse[std::size_t(row)]);
-    for (index_t j = 0; j < len_k; ++j) {
-      if (a.probs) a.probs[row * len_k + j] = T(probs[std::size_t(row * len_k + j)]);
-      if (a.cell_mass) a.cell_mass[row * len_k + j] = T(cell_mass[std::size_t(row * len_k + j)]);
-    }
+    const std::size_t r0 = std::size_t(row * len_k);
+    if (a.probs) convert_n(probs.data() + r0, a.probs + r0, len_k);
+    if (a.cell_mass) convert_n(cell_mass.data() + r0, a.cell_mass + r0, len_k);
   }
 };
 
@@ -170,14 +263,16 @@ struct WideForward {
 /// backward does not read it).
 template <class W, class T>
 struct WideBackward {
-  std::vector<W> q, k, v, go, gq, gk, gv, gt, tau;
+  Buffer<W> q, k, v, go, gq, gk, gv;
+  std::vector<W> gt, tau;
+  int threads = 1;
   BackwardArgs<W> args;
-  WideBackward(const BackwardArgs<T>& a, const AttentionShape& s) {
-    widen_shared(a, s, args, q, k, v, tau);
-    args.grad_out = widened(a.grad_out, go);
-    args.grad_query = widened_output(a.grad_query, gq);
-    args.grad_key = widened_output(a.grad_key, gk);
-    args.grad_value = widened_output(a.grad_value, gv);
+  WideBackward(const BackwardArgs<T>& a, const AttentionShape& s) : threads(tiled::resolve_threads(a.num_threads)) {
+    widen_shared(a, s, args, q, k, v, tau, threads);
+    args.grad_out = widened(a.grad_out, go, threads);
+    args.grad_query = widened_output(a.grad_query, gq, threads);
+    args.grad_key = widened_output(a.grad_key, gk, threads);
+    args.grad_value = widened_output(a.grad_value, gv, threads);
     if (a.grad_temperature) {  // only asks for the per-row dτ terms (the caller writes dτ)
       gt.assign(std::size_t(detail::temperature_count(a.temperature, s)), W(0));
       args.grad_temperature = gt.data();
