@@ -8,9 +8,11 @@
 // Every element is converted (exactly: float ⊂ double ⊂ long double), hidden
 // ones included; the kernels never read those (masking is structural), so
 // what a row cannot see still never reaches its result. Memory: a copy of the
-// inputs and outputs in the wider type (2× their size). The conversions run
-// on the call's threads, row by row (a serial pass was a fifth of a 16-bit
-// forward on two cores).
+// inputs and outputs in the wider type (2× their size), taken from the
+// calling thread's spare blocks (SparePool). The conversions run on the
+// call's threads, row by row (serial, with fresh blocks faulted in on every
+// call, they made 16-bit calls up to 2× slower than float ones:
+// docs/PERFORMANCE.md, "The 16-bit calls' copies").
 #pragma once
 
 #include <algorithm>
@@ -79,7 +81,8 @@ inline void convert_n(const S* src, D* dst, index_t n) {
 /// were 15 % of a causal bfloat16 forward at 2048 tokens, 8 heads, head_dim
 /// 64: docs/PERFORMANCE.md). At most kSpareBytes per thread and type W are
 /// kept; larger blocks go back to the system, where their faults cost
-/// little beside the O(n²d) work of the call that needed them.
+/// little beside the O(n²d) work of the call that needed them. Each thread
+/// has its own pool (thread_local), freed when the thread ends.
 template <class W>
 class SparePool {
  public:
