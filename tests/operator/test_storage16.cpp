@@ -328,13 +328,16 @@ TEMPLATE_TEST_CASE("16-bit storage: a thread's reused conversion blocks change n
   // (cpu/widen.hpp, SparePool), left as the previous call wrote them. Call A
   // (every input NaN, a larger shape) leaves NaN in every block; call B
   // (another shape and layout, 2 threads) then reuses them, and must give the
-  // bits B gives on a thread that has run nothing before.
+  // bits B gives on a thread that has run nothing before. With
+  // Compute::float64 the copies are double blocks (the other pool).
   const int kernel = GENERATE(0, 1);
+  const auto compute = GENERATE(continuum::Compute::automatic, continuum::Compute::float64);
   Case<float> a, b;
   setup<S>(a, 0, 0, kernel, 91);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (Tensor<float>* t : {&a.q, &a.k, &a.v, &a.dout}) t->for_each([&](float& x) { x = nan; });
   setup<S>(b, 2, 1, kernel, 92);
+  a.compute = b.compute = compute;
   b.threads = 2;
   auto run = [](Case<float>& c) {
     Call16<S> x(c);
@@ -354,7 +357,7 @@ TEMPLATE_TEST_CASE("16-bit storage: a thread's reused conversion blocks change n
   CHECK(std::isnan(poisoned[0][0]));  // call A did run on NaN
   REQUIRE(fresh.size() == reused.size());
   for (std::size_t t = 0; t < fresh.size(); ++t) {
-    INFO("kernel " << kernel << " output " << t);
+    INFO("kernel " << kernel << " compute float64 " << (compute == continuum::Compute::float64) << " output " << t);
     CHECK(bitwise_equal(reused[t], fresh[t]));
     CHECK(bitwise_equal(again[t], fresh[t]));
   }

@@ -104,10 +104,11 @@ void backward_widened(const BackwardArgs<T>& a, const AttentionShape& sh, double
     for (index_t d = 0; d < n; ++d) o[d] = T(W(o[d]) + x[d]);
   };
   if (rows) {
-    for (index_t r : *rows) {
+    for_rows(index_t(rows->size()), w.threads, [&](index_t i) {
+      const index_t r = (*rows)[std::size_t(i)];
       narrow_row(w.args.grad_query, a.grad_query, r);
       if (a.grad_temperature) dtau_rows[std::size_t(r)] = dtau[std::size_t(r)];
-    }
+    });
     each_row(a.grad_key, w.args.grad_key, w.threads, add);
     each_row(a.grad_value, w.args.grad_value, w.threads, add);
   } else {

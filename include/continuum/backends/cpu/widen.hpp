@@ -78,11 +78,13 @@ inline void convert_n(const S* src, D* dst, index_t n) {
 
 /// The blocks a thread's finished calls left for its next ones: the copies
 /// of a widened call are taken from here, not faulted in afresh (page faults
-/// were 15 % of a causal bfloat16 forward at 2048 tokens, 8 heads, head_dim
-/// 64: docs/PERFORMANCE.md). At most kSpareBytes per thread and type W are
-/// kept; larger blocks go back to the system, where their faults cost
-/// little beside the O(n²d) work of the call that needed them. Each thread
-/// has its own pool (thread_local), freed when the thread ends.
+/// were 8 ms, 15 %, of a 52 ms causal bfloat16 forward at 2048 tokens, 8
+/// heads, head_dim 64: docs/PERFORMANCE.md). At most kSpareBytes per thread
+/// and type W are kept (per instruction set too, this being in its
+/// namespace); a returned block is kept and the smallest kept ones make room,
+/// and a block larger than kSpareBytes goes back to the system, where its
+/// faults cost little beside the O(n²d) work of the call that needed it. Each
+/// thread has its own pool (thread_local), freed when the thread ends.
 template <class W>
 class SparePool {
  public:
@@ -106,17 +108,23 @@ class SparePool {
     bytes_ -= b.n * sizeof(W);
     return b;
   }
-  /// Keeps b for a later call if it fits, dropping the smallest blocks first.
-  void give(Block b) {
-    if (!b.p || b.n * sizeof(W) > kSpareBytes) return;
-    while (bytes_ + b.n * sizeof(W) > kSpareBytes) {
+  /// Keeps b for a later call if it fits, dropping the smallest kept blocks
+  /// to make room; b is freed instead if it cannot be kept (too large, or no
+  /// memory to list it).
+  void give(Block b) noexcept {
+    const std::size_t size = b.n * sizeof(W);
+    if (!b.p || size > kSpareBytes) return;
+    while (!blocks_.empty() && bytes_ + size > kSpareBytes) {
       auto smallest = std::min_element(blocks_.begin(), blocks_.end(),
                                        [](const Block& x, const Block& y) { return x.n < y.n; });
       bytes_ -= smallest->n * sizeof(W);
       blocks_.erase(smallest);
     }
-    bytes_ += b.n * sizeof(W);
-    blocks_.push_back(std::move(b));
+    try {
+      blocks_.push_back(std::move(b));  // strong guarantee: on bad_alloc b still owns (and frees) its block
+      bytes_ += size;
+    } catch (...) {
+    }
   }
 
  private:
@@ -134,9 +142,11 @@ class Buffer {
   Buffer() = default;
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  ~Buffer() { SparePool<W>::local().give(std::move(b_)); }
+  ~Buffer() {
+    if (b_.p) SparePool<W>::local().give(std::move(b_));
+  }
   W* allocate(std::size_t n) {
-    SparePool<W>::local().give(std::move(b_));
+    if (b_.p) SparePool<W>::local().give(std::move(b_));
     b_ = n ? SparePool<W>::local().take(n) : typename SparePool<W>::Block{};
     return b_.p.get();
   }
@@ -146,9 +156,10 @@ class Buffer {
   typename SparePool<W>::Block b_;
 };
 
-/// f(r) for every r in [0, n), on `threads` threads (static schedule).
+/// f(r) for every r in [0, n), on up to `threads` threads (static schedule).
 template <class F>
 void for_rows(index_t n, int threads, F&& f) {
+  threads = int(std::min<index_t>(threads, n));
 #if defined(_OPENMP)
 #  pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n > 1)
 #endif
