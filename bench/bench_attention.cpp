@@ -471,19 +471,21 @@ void BM_read_bandwidth(benchmark::State& st) {
 /// One decode step: B = 1, 8 query heads on 2 KV heads, Lq = 1, Lk cached keys
 /// (all visible: causal, bottom-right), head_dim 64, float32. The counters
 /// count the K and V cache bytes the step must read.
+template <class T>
 void BM_decode(benchmark::State& st, continuum::Kernel kernel) {
   const long lk = st.range(0), d = st.range(1);
   const int threads = int(st.range(2));
   const long hk = kDecodeKvHeads;
-  std::vector<float> q = uniform<float>(std::size_t(kHeads * d), 42);
-  std::vector<float> k = uniform<float>(std::size_t(hk * lk * d), 43);
-  std::vector<float> v = uniform<float>(std::size_t(hk * lk * d), 44);
-  std::vector<float> o(std::size_t(kHeads * d)), lse(kHeads);
-  continuum::ForwardArgs<float> fa;
-  fa.query = continuum::TensorView<const float>::bhsd(q.data(), 1, kHeads, 1, d);
-  fa.key = continuum::TensorView<const float>::bhsd(k.data(), 1, hk, lk, d);
-  fa.value = continuum::TensorView<const float>::bhsd(v.data(), 1, hk, lk, d);
-  fa.out = continuum::TensorView<float>::bhsd(o.data(), 1, kHeads, 1, d);
+  std::vector<T> q = uniform<T>(std::size_t(kHeads * d), 42);
+  std::vector<T> k = uniform<T>(std::size_t(hk * lk * d), 43);
+  std::vector<T> v = uniform<T>(std::size_t(hk * lk * d), 44);
+  std::vector<T> o(std::size_t(kHeads * d));
+  std::vector<continuum::accum_t<T>> lse(kHeads);
+  continuum::ForwardArgs<T> fa;
+  fa.query = continuum::TensorView<const T>::bhsd(q.data(), 1, kHeads, 1, d);
+  fa.key = continuum::TensorView<const T>::bhsd(k.data(), 1, hk, lk, d);
+  fa.value = continuum::TensorView<const T>::bhsd(v.data(), 1, hk, lk, d);
+  fa.out = continuum::TensorView<T>::bhsd(o.data(), 1, kHeads, 1, d);
   fa.lse = lse.data();
   fa.kernel = kernel;
   fa.visibility.causal = true;
@@ -494,7 +496,7 @@ void BM_decode(benchmark::State& st, continuum::Kernel kernel) {
     benchmark::DoNotOptimize(o.data());
     benchmark::ClobberMemory();
   }
-  const double kv_bytes = 2.0 * double(hk) * double(lk) * double(d) * sizeof(float);
+  const double kv_bytes = 2.0 * double(hk) * double(lk) * double(d) * sizeof(T);
   st.counters["bytes/s"] = benchmark::Counter(kv_bytes, benchmark::Counter::kIsIterationInvariantRate);
   st.counters["frac_bw"] =
       benchmark::Counter(kv_bytes / read_bandwidth(threads), benchmark::Counter::kIsIterationInvariantRate);
@@ -577,8 +579,17 @@ void register_all() {
     for (long lk : {4096L, 32768L})
       for (Kernel kern : {Kernel::continuum, Kernel::softmax})
         benchmark::RegisterBenchmark((std::string("decode/") + (kern == Kernel::continuum ? "continuum" : "softmax") +
-                                      "/gqa8x2/f32").c_str(), BM_decode, kern)
+                                      "/gqa8x2/f32").c_str(), BM_decode<float>, kern)
             ->Args({lk, D, th})->ArgNames({"kv", "d", "threads"})->UseRealTime()->Unit(benchmark::kMicrosecond);
+  // 16-bit KV caches (bfloat16, float16): continuum, 2 threads. The call
+  // converts the cache to float (backends/cpu/widen.hpp), so these rows show
+  // what that copy costs beside the f32 rows.
+  for (long lk : {4096L, 32768L}) {
+    benchmark::RegisterBenchmark("decode/continuum/gqa8x2/bf16", BM_decode<continuum::bfloat16>, Kernel::continuum)
+        ->Args({lk, D, 2})->ArgNames({"kv", "d", "threads"})->UseRealTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark("decode/continuum/gqa8x2/f16", BM_decode<continuum::float16>, Kernel::continuum)
+        ->Args({lk, D, 2})->ArgNames({"kv", "d", "threads"})->UseRealTime()->Unit(benchmark::kMicrosecond);
+  }
   auto shape = [](benchmark::internal::Benchmark* b, long n, long d, int th) {
     b->Args({n, d, th})->ArgNames({"n", "d", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond);
   };
