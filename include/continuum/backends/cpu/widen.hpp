@@ -159,7 +159,7 @@ class Buffer {
 /// f(r) for every r in [0, n), on up to `threads` threads (static schedule).
 template <class F>
 void for_rows(index_t n, int threads, F&& f) {
-  threads = int(std::min<index_t>(threads, n));
+  threads = int(std::max<index_t>(1, std::min<index_t>(threads, n)));  // n = 0: an empty view
 #if defined(_OPENMP)
 #  pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n > 1)
 #endif
