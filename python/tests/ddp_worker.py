@@ -63,6 +63,13 @@ def main():
     train(model, data(), rank, world)
     if rank == 0:
         torch.save(model.module.state_dict(), out)
+    # Shut down in order: no rank leaves while another still talks to it, and
+    # DDP's reducer lets go of the process group before it is destroyed (a
+    # gloo group torn down at interpreter exit, or while its peer is closing
+    # the connection, once aborted a rank with SIGABRT, "terminate called
+    # without an active exception", after its work was done).
+    torch.distributed.barrier()
+    del model
     torch.distributed.destroy_process_group()
 
 
