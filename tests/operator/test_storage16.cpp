@@ -532,3 +532,71 @@ TEST_CASE("float16 storage: every finite float16 value goes through a call exact
     }
   }
 }
+
+TEST_CASE("bfloat16 storage: every finite bfloat16 value goes through a call exactly, and ties round to even, "
+          "on every instruction set but AMX",
+          "[operator][bfloat16]") {
+  // As the float16 case above: softmax with all scores 0, a query that sees
+  // one key returns its value, one that sees two their mean, exact in float.
+  // Slot (key j, column d) of V holds the bit pattern d·1024 + j, or 0 where
+  // that pattern is an infinity or NaN: all 65 280 finite bfloat16 values
+  // once, each column through the SSE2 eight-at-a-time widening (Dv = 64),
+  // none through the scalar tail only. The reference is Eigen's scalar
+  // conversion. AMX is left out: its instruction flushes denormal inputs to
+  // zero (docs/MATH.md §10), which the AMX case above bounds instead.
+  constexpr index_t L = 1024, Dv = 64;
+  const auto finite = [](std::uint16_t b) { return (b & 0x7f80) != 0x7f80; };
+  std::vector<bfloat16> v(std::size_t(L * Dv)), q(std::size_t(L), bfloat16(0.0f)), o(std::size_t(L * Dv));
+  for (index_t j = 0; j < L; ++j)
+    for (index_t d = 0; d < Dv; ++d) {
+      const auto b = std::uint16_t(d * 1024 + j);
+      v[std::size_t(j * Dv + d)] = Eigen::numext::bit_cast<bfloat16>(finite(b) ? b : std::uint16_t(0));
+    }
+  std::vector<float> lse(static_cast<std::size_t>(L));
+  using CV = continuum::TensorView<const bfloat16>;
+#if defined(CONTINUUM_CPU_DISPATCH)
+  RestoreIsa restore;
+  for (cd::Isa isa : {cd::Isa::sse2, cd::Isa::avx2, cd::Isa::avx512}) {
+    if (!cd::supported(isa)) {
+      WARN("skipped: bfloat16 conversions on " << cd::name(isa) << " (this CPU cannot run it)");
+      continue;
+    }
+    cd::select(isa);
+    INFO("instruction set " << cd::name(isa));
+#else
+  if (on_amx()) {
+    WARN("skipped: this build's kernels are AMX's, which flush denormal bfloat16 inputs");
+  } else {
+#endif
+    for (const index_t right : {index_t(0), index_t(1)}) {
+      continuum::ForwardArgs<bfloat16> a;
+      a.query = CV::bhsd(q.data(), 1, 1, L, 1);
+      a.key = CV::bhsd(q.data(), 1, 1, L, 1);
+      a.value = CV::bhsd(v.data(), 1, 1, L, Dv);
+      a.out = continuum::TensorView<bfloat16>::bhsd(o.data(), 1, 1, L, Dv);
+      a.lse = lse.data();
+      a.kernel = continuum::Kernel::softmax;
+      a.visibility.window_left = 0;
+      a.visibility.window_right = right;
+      continuum::attention_forward(continuum::cpu, a);
+      std::size_t wrong = 0;
+      for (index_t i = 0; i < L; ++i)
+        for (index_t d = 0; d < Dv; ++d) {
+          const float x = float(v[std::size_t(i * Dv + d)]);
+          // x/2 + y/2, not (x + y)/2, which overflows near bfloat16's largest
+          // values; both halves and their sum are exact in float.
+          const float mean = right == 0 || i + 1 == L ? x : x / 2 + float(v[std::size_t((i + 1) * Dv + d)]) / 2;
+          const bfloat16 want = bfloat16(mean);  // Eigen, scalar, round to nearest even
+          const bfloat16 got = o[std::size_t(i * Dv + d)];
+          // −0 comes back +0 (the accumulator starts at +0: 0 + 1·(−0) = +0).
+          const bool same = mean == 0.0f ? float(got) == 0.0f
+                                         : Eigen::numext::bit_cast<std::uint16_t>(got) ==
+                                               Eigen::numext::bit_cast<std::uint16_t>(want);
+          if (!same && wrong++ < 5)
+            UNSCOPED_INFO("row " << i << " column " << d << ": " << float(got) << " for " << mean);
+        }
+      INFO((right == 0 ? "one key: every value" : "two keys: ties between neighbours"));
+      CHECK(wrong == 0);
+    }
+  }
+}
