@@ -467,113 +467,43 @@ TEST_CASE("bfloat16 on AMX: concentrated attention, decode rows, FP state and ti
   }
 }
 
-TEST_CASE("float16 storage: every finite float16 value goes through a call exactly, and ties round to even, "
-          "on every instruction set",
-          "[operator][float16]") {
-  // Softmax with all scores 0 (q = k = 0): a query that sees one key returns
-  // its value (weight 1), one that sees two returns their mean, exact in
-  // float. V holds each of the 63 488 finite float16 values once, column d < 62
-  // the 1 024 consecutive bit patterns from d·1024 (negative values from
-  // column 31): the one-key call widens and narrows every value, the two-key
-  // call narrows a tie between neighbours at every key. The reference is
-  // Eigen's scalar conversion as compiled here (without F16C); the kernels'
-  // F16C path (avx2, avx512) must give the same bits.
-  // Dv = 64: columns 62 and 63 are zeros, so that every value's column goes
-  // through F16C's eight-at-a-time loop, none through the scalar tail only.
-  constexpr index_t L = 1024, Dv = 64;
-  const auto bits_at = [](index_t m) -> std::uint16_t {
-    return std::uint16_t(m < 31 * 1024 ? m : m - 31 * 1024 + 0x8000);
-  };
-  std::vector<float16> v(std::size_t(L * Dv), float16(0.0f)), q(std::size_t(L), float16(0.0f)), o(std::size_t(L * Dv));
-  for (index_t j = 0; j < L; ++j)
-    for (index_t d = 0; d < 62; ++d)
-      v[std::size_t(j * Dv + d)] = Eigen::numext::bit_cast<float16>(bits_at(d * 1024 + j));
-  std::vector<float> lse(static_cast<std::size_t>(L));
-  using CV = continuum::TensorView<const float16>;
-#if defined(CONTINUUM_CPU_DISPATCH)
-  RestoreIsa restore;
-  for (cd::Isa isa : {cd::Isa::sse2, cd::Isa::avx2, cd::Isa::avx512}) {
-    if (!cd::supported(isa)) {
-      WARN("skipped: float16 conversions on " << cd::name(isa) << " (this CPU cannot run it)");
-      continue;
-    }
-    cd::select(isa);
-    INFO("instruction set " << cd::name(isa));
-#else
-  {
-#endif
-    for (const index_t right : {index_t(0), index_t(1)}) {
-      continuum::ForwardArgs<float16> a;
-      a.query = CV::bhsd(q.data(), 1, 1, L, 1);
-      a.key = CV::bhsd(q.data(), 1, 1, L, 1);
-      a.value = CV::bhsd(v.data(), 1, 1, L, Dv);
-      a.out = continuum::TensorView<float16>::bhsd(o.data(), 1, 1, L, Dv);
-      a.lse = lse.data();
-      a.kernel = continuum::Kernel::softmax;
-      a.visibility.window_left = 0;
-      a.visibility.window_right = right;
-      continuum::attention_forward(continuum::cpu, a);
-      std::size_t wrong = 0;
-      for (index_t i = 0; i < L; ++i)
-        for (index_t d = 0; d < Dv; ++d) {
-          const float x = float(v[std::size_t(i * Dv + d)]);
-          const float mean = right == 0 || i + 1 == L ? x : (x + float(v[std::size_t((i + 1) * Dv + d)])) / 2;
-          const float16 want = float16(mean);  // Eigen, scalar, round to nearest even
-          const float16 got = o[std::size_t(i * Dv + d)];
-          // −0 comes back +0 (the accumulator starts at +0: 0 + 1·(−0) = +0).
-          const bool same = mean == 0.0f ? float(got) == 0.0f
-                                         : Eigen::numext::bit_cast<std::uint16_t>(got) ==
-                                               Eigen::numext::bit_cast<std::uint16_t>(want);
-          if (!same && wrong++ < 5)
-            UNSCOPED_INFO("row " << i << " column " << d << ": " << float(got) << " for " << mean);
-        }
-      INFO((right == 0 ? "one key: every value" : "two keys: ties between neighbours"));
-      CHECK(wrong == 0);
-    }
-  }
-}
+namespace {
 
-TEST_CASE("bfloat16 storage: every finite bfloat16 value goes through a call exactly, and ties round to even, "
-          "on every instruction set but AMX",
-          "[operator][bfloat16]") {
-  // As the float16 case above: softmax with all scores 0, a query that sees
-  // one key returns its value, one that sees two their mean, exact in float.
-  // Slot (key j, column d) of V holds the bit pattern d·1024 + j, or 0 where
-  // that pattern is an infinity or NaN: all 65 280 finite bfloat16 values
-  // once, each column through the SSE2 eight-at-a-time widening (Dv = 64),
-  // none through the scalar tail only. The reference is Eigen's scalar
-  // conversion. AMX is left out: its instruction flushes denormal inputs to
-  // zero (docs/MATH.md §10), which the AMX case above bounds instead.
-  constexpr index_t L = 1024, Dv = 64;
-  const auto finite = [](std::uint16_t b) { return (b & 0x7f80) != 0x7f80; };
-  std::vector<bfloat16> v(std::size_t(L * Dv)), q(std::size_t(L), bfloat16(0.0f)), o(std::size_t(L * Dv));
-  for (index_t j = 0; j < L; ++j)
-    for (index_t d = 0; d < Dv; ++d) {
-      const auto b = std::uint16_t(d * 1024 + j);
-      v[std::size_t(j * Dv + d)] = Eigen::numext::bit_cast<bfloat16>(finite(b) ? b : std::uint16_t(0));
-    }
+/// Sends V (L keys × Dv columns of storage type S, one batch, one head)
+/// through a softmax call with all scores 0 (q = k = 0, head_dim 1) on every
+/// instruction set this CPU has but AMX: a query that sees one key returns its
+/// value (weight 1), one that sees two returns their mean, both exact in
+/// float. Every output must be the bits of Eigen's scalar conversion of that
+/// float (round to nearest even), except that −0 comes back +0 (the
+/// accumulator starts at +0: 0 + 1·(−0) = +0). AMX is left out: its
+/// instruction flushes denormal bfloat16 inputs to zero (docs/MATH.md §10),
+/// which the AMX case above bounds instead.
+template <class S>
+void check_exact_through_softmax(const std::vector<S>& v, index_t L, index_t Dv) {
+  const char* type = std::is_same<S, bfloat16>::value ? "bfloat16" : "float16";
+  std::vector<S> q(std::size_t(L), S(0.0f)), o(std::size_t(L * Dv));
   std::vector<float> lse(static_cast<std::size_t>(L));
-  using CV = continuum::TensorView<const bfloat16>;
+  using CV = continuum::TensorView<const S>;
 #if defined(CONTINUUM_CPU_DISPATCH)
   RestoreIsa restore;
   for (cd::Isa isa : {cd::Isa::sse2, cd::Isa::avx2, cd::Isa::avx512}) {
     if (!cd::supported(isa)) {
-      WARN("skipped: bfloat16 conversions on " << cd::name(isa) << " (this CPU cannot run it)");
+      WARN("skipped: " << type << " conversions on " << cd::name(isa) << " (this CPU cannot run it)");
       continue;
     }
     cd::select(isa);
     INFO("instruction set " << cd::name(isa));
 #else
-  if (on_amx()) {
+  if (std::is_same<S, bfloat16>::value && on_amx()) {
     WARN("skipped: this build's kernels are AMX's, which flush denormal bfloat16 inputs");
   } else {
 #endif
     for (const index_t right : {index_t(0), index_t(1)}) {
-      continuum::ForwardArgs<bfloat16> a;
+      continuum::ForwardArgs<S> a;
       a.query = CV::bhsd(q.data(), 1, 1, L, 1);
       a.key = CV::bhsd(q.data(), 1, 1, L, 1);
       a.value = CV::bhsd(v.data(), 1, 1, L, Dv);
-      a.out = continuum::TensorView<bfloat16>::bhsd(o.data(), 1, 1, L, Dv);
+      a.out = continuum::TensorView<S>::bhsd(o.data(), 1, 1, L, Dv);
       a.lse = lse.data();
       a.kernel = continuum::Kernel::softmax;
       a.visibility.window_left = 0;
@@ -586,9 +516,8 @@ TEST_CASE("bfloat16 storage: every finite bfloat16 value goes through a call exa
           // x/2 + y/2, not (x + y)/2, which overflows near bfloat16's largest
           // values; both halves and their sum are exact in float.
           const float mean = right == 0 || i + 1 == L ? x : x / 2 + float(v[std::size_t((i + 1) * Dv + d)]) / 2;
-          const bfloat16 want = bfloat16(mean);  // Eigen, scalar, round to nearest even
-          const bfloat16 got = o[std::size_t(i * Dv + d)];
-          // −0 comes back +0 (the accumulator starts at +0: 0 + 1·(−0) = +0).
+          const S want = S(mean);  // Eigen, scalar, round to nearest even
+          const S got = o[std::size_t(i * Dv + d)];
           const bool same = mean == 0.0f ? float(got) == 0.0f
                                          : Eigen::numext::bit_cast<std::uint16_t>(got) ==
                                                Eigen::numext::bit_cast<std::uint16_t>(want);
@@ -599,4 +528,46 @@ TEST_CASE("bfloat16 storage: every finite bfloat16 value goes through a call exa
       CHECK(wrong == 0);
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("float16 storage: every finite float16 value goes through a call exactly, and ties round to even, "
+          "on every instruction set",
+          "[operator][float16]") {
+  // V holds each of the 63 488 finite float16 values once, column d < 62 the
+  // 1 024 consecutive bit patterns from d·1024 (negative values from column
+  // 31): the one-key call widens and narrows every value, the two-key call
+  // narrows a tie between neighbours at every key. The reference is Eigen's
+  // scalar conversion as compiled here (without F16C); the kernels' F16C path
+  // (avx2, avx512) must give the same bits. Dv = 64: columns 62 and 63 are
+  // zeros, so that every value's column goes through F16C's eight-at-a-time
+  // loop, none through the scalar tail only.
+  constexpr index_t L = 1024, Dv = 64;
+  const auto bits_at = [](index_t m) -> std::uint16_t {
+    return std::uint16_t(m < 31 * 1024 ? m : m - 31 * 1024 + 0x8000);
+  };
+  std::vector<float16> v(std::size_t(L * Dv), float16(0.0f));
+  for (index_t j = 0; j < L; ++j)
+    for (index_t d = 0; d < 62; ++d)
+      v[std::size_t(j * Dv + d)] = Eigen::numext::bit_cast<float16>(bits_at(d * 1024 + j));
+  check_exact_through_softmax(v, L, Dv);
+}
+
+TEST_CASE("bfloat16 storage: every finite bfloat16 value goes through a call exactly, and ties round to even, "
+          "on every instruction set but AMX",
+          "[operator][bfloat16]") {
+  // Slot (key j, column d) of V holds the bit pattern d·1024 + j, or 0 where
+  // that pattern is an infinity or NaN: all 65 280 finite bfloat16 values
+  // once, each column through the SSE2 eight-at-a-time widening (Dv = 64),
+  // none through the scalar tail only.
+  constexpr index_t L = 1024, Dv = 64;
+  const auto finite = [](std::uint16_t b) { return (b & 0x7f80) != 0x7f80; };
+  std::vector<bfloat16> v(std::size_t(L * Dv));
+  for (index_t j = 0; j < L; ++j)
+    for (index_t d = 0; d < Dv; ++d) {
+      const auto b = std::uint16_t(d * 1024 + j);
+      v[std::size_t(j * Dv + d)] = Eigen::numext::bit_cast<bfloat16>(finite(b) ? b : std::uint16_t(0));
+    }
+  check_exact_through_softmax(v, L, Dv);
 }
