@@ -469,8 +469,9 @@ void BM_read_bandwidth(benchmark::State& st) {
 }
 
 /// One decode step: B = 1, 8 query heads on 2 KV heads, Lq = 1, Lk cached keys
-/// (all visible: causal, bottom-right), head_dim 64, float32. The counters
-/// count the K and V cache bytes the step must read.
+/// (all visible: causal, bottom-right), head_dim 64, storage T (float, or a
+/// 16-bit KV cache: bfloat16, float16). The counters count the K and V cache
+/// bytes the step must read, sizeof(T) each.
 template <class T>
 void BM_decode(benchmark::State& st, continuum::Kernel kernel) {
   const long lk = st.range(0), d = st.range(1);
