@@ -363,6 +363,75 @@ TEMPLATE_TEST_CASE("16-bit storage: a thread's reused conversion blocks change n
   }
 }
 
+TEMPLATE_TEST_CASE("16-bit storage: the forward reads keys and values as stored, and gives the float call's values "
+                   "rounded once (decode over a split KV cache, windows, strides)",
+                   "[operator][bfloat16][float16]", bfloat16, float16) {
+  using S = TestType;
+  // The 16-bit forward widens each key and value tile where it packs it
+  // (tiled.hpp, KeyValue), not the whole cache first; the float call on the
+  // same values reads them as they are. Same floats, same operations: where
+  // both evaluate the same stencil (float16: every kernel; bfloat16: softmax,
+  // e^s in both; bfloat16's continuum stencil is its own, MATH.md §10) the
+  // 16-bit out is the float out rounded once, bit for bit, and lse equal.
+  // Shapes: a GQA decode step (1 query, 8 heads on 2, 2·2048 + 37 keys: split
+  // into 3 chunks, halo at each chunk start), the same under a sliding window
+  // that starts mid-chunk, and a prefill block (Lq = Lk = 70, window (5, 2),
+  // head_dim 16, Dv 8). Every row of K and V has 3 NaN padding elements.
+  const int shape = GENERATE(0, 1, 2);
+  std::vector<continuum::Kernel> kernels = {continuum::Kernel::softmax};
+  if (std::is_same<S, float16>::value) kernels.push_back(continuum::Kernel::continuum);
+#if defined(CONTINUUM_CPU_DISPATCH)
+  RestoreIsa restore;
+  for (cd::Isa isa : {cd::Isa::sse2, cd::Isa::avx2, cd::Isa::avx512}) {
+    if (!cd::supported(isa)) {
+      WARN("skipped: " << storage_name<S>() << " on " << cd::name(isa) << " (this CPU cannot run it)");
+      continue;
+    }
+    cd::select(isa);
+    INFO("instruction set " << cd::name(isa));
+#else
+  if (std::is_same<S, bfloat16>::value && on_amx()) {
+    WARN("skipped: this build's bfloat16 kernels are AMX's, whose products are not the float call's");
+  } else {
+#endif
+    for (const continuum::Kernel kernel : kernels) {
+      Case<float> c;
+      c.B = 1;
+      c.Hq = shape == 2 ? 4 : 8;
+      c.Hk = 2;
+      c.Lq = shape == 2 ? 70 : 1;
+      c.Lk = shape == 2 ? 70 : 2 * 2048 + 37;
+      c.D = 16;
+      c.Dv = shape == 2 ? 8 : 16;
+      c.pad = 3;
+      c.vis.causal = shape != 2;
+      if (shape == 1) c.vis.window_left = 3000;  // keys [1132, 4133): chunks 0 (part), 1, 2
+      if (shape == 2) c.vis.window_left = 5, c.vis.window_right = 2;
+      c.kernel = kernel;
+      c.tau = 0.3f;
+      c.alloc();
+      auto rng = rng_for(131 + shape);
+      c.fill_uniform(rng, -2, 2);
+      round_inputs<S>(c);
+      Call16<S> x(c);
+      std::vector<float> lse;
+      forward16(c, x, lse);
+      c.forward();
+      const std::vector<float> want = c.o.contiguous(), got = x.o.contiguous();
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        const S w = S(want[i]);
+        if (Eigen::numext::bit_cast<std::uint16_t>(S(got[i])) != Eigen::numext::bit_cast<std::uint16_t>(w) &&
+            wrong++ < 5)
+          UNSCOPED_INFO("out[" << i << "] = " << got[i] << ", float call rounded " << float(w));
+      }
+      INFO("shape " << shape << " kernel " << int(kernel));
+      CHECK(wrong == 0);
+      CHECK(bitwise_equal(lse, c.lse));
+    }
+  }
+}
+
 TEST_CASE("bfloat16 on AMX: concentrated attention, decode rows, FP state and tile state", "[operator][bfloat16]") {
 #if !defined(CONTINUUM_CPU_DISPATCH)
   if (!on_amx()) {

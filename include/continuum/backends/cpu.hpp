@@ -10,7 +10,9 @@
 //     kernels in double, each output rounded once;
 //   double storage: the kernels in double;
 //   16-bit storage, bfloat16 or float16 (cpu/storage16.hpp): the call
-//     converted to float (or to double with Compute::float64) once, the
+//     converted to float (or to double with Compute::float64) once — except
+//     a float forward's keys and values off AMX, read as stored and widened
+//     tile by tile (forward_storage16, tiled::KeyValue) — the
 //     kernels in that type, each output rounded once to the storage type (lse
 //     and dτ stay float). For bfloat16 computed in float the stencil is
 //     evaluated to bfloat16's accuracy (2^-14 relative per term,
@@ -62,6 +64,8 @@ void forward_declined(const ForwardArgs<T>& a, const AttentionShape& sh, double 
 template <class T, class Stencil>
 void backward_declined(const BackwardArgs<T>& a, const AttentionShape& sh, double scale,
                        const std::vector<index_t>& rows, std::vector<double>& dtau_rows);
+template <class Stencil, class T>
+void forward_storage16(const ForwardArgs<T>& a, const AttentionShape& sh, double scale, StencilAccuracy accuracy);
 
 /// The rows `rows` (null = every row) of a call computed in the wider type
 /// W: the arguments converted once, the tiled kernels in W on those rows (the
@@ -71,6 +75,8 @@ template <class W, class Stencil, class T>
 void forward_widened(const ForwardArgs<T>& a, const AttentionShape& sh, double scale,
                      const std::vector<index_t>* rows, bool use_amx = false,
                      StencilAccuracy accuracy = StencilAccuracy::full) {
+  if constexpr (is_storage16_v<T> && std::is_same<W, float>::value)
+    if (!rows && !use_amx) return forward_storage16<Stencil>(a, sh, scale, accuracy);
   const WideForward<W, T> w(a, sh);
   const std::vector<char> subset = rows ? subset_of(*rows, sh.rows()) : std::vector<char>();
   tiled::forward_tiled<W, Stencil>(w.args, scale, rows ? subset.data() : nullptr,
@@ -82,6 +88,21 @@ void forward_widened(const ForwardArgs<T>& a, const AttentionShape& sh, double s
     for_rows(index_t(rows->size()), w.threads, [&](index_t r) { w.narrow(a, (*rows)[std::size_t(r)]); });
   else
     for_rows(sh.rows(), w.threads, [&](index_t r) { w.narrow(a, r); });
+}
+
+/// A whole forward of 16-bit storage computed in float by the vector
+/// kernels: Q and the outputs copied, the keys and values read as they are
+/// (tiled::KeyValue: a decode step never copies its KV cache), each output
+/// rounded once. The rows float cannot hold go to double from the caller's
+/// arguments, after the others are written.
+template <class Stencil, class T>
+void forward_storage16(const ForwardArgs<T>& a, const AttentionShape& sh, double scale, StencilAccuracy accuracy) {
+  const WideForward<float, T> w(a, sh, /*widen_kv=*/false);
+  std::vector<index_t> declined;
+  tiled::forward_tiled<float, Stencil>(w.args, tiled::KeyValue<T>{a.key, a.value}, scale, nullptr,
+                                       [&](const std::vector<index_t>& rows) { declined = rows; }, false, accuracy);
+  for_rows(sh.rows(), w.threads, [&](index_t r) { w.narrow(a, r); });
+  if (!declined.empty()) forward_widened<double, Stencil>(a, sh, scale, &declined);
 }
 
 /// The backward counterpart. With `rows` (rows declined by the pass in T):

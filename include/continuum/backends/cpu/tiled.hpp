@@ -49,6 +49,10 @@
 // bfloat16 storage computed in float (use_amx, where amx::usable()): the
 // forward's S and P·V and the backward's S and dP products run on AMX-BF16
 // tiles (amx.hpp, MATH.md §10, "bfloat16 on AMX"), the rest as above.
+// 16-bit keys and values (KeyValue<S>, S = bfloat16 or float16) are read by
+// the forward in their storage type: each tile's rows are widened into the
+// workspace (exactly) where the tile is packed, so that a decode step never
+// copies its whole KV cache to float; the products see the same floats.
 //
 // GQA: query head h reads key/value head h / (Hq / Hk) through the views, no copy.
 // OpenMP: one parallel region per call, never nested (serial when called from
@@ -74,6 +78,7 @@
 #include "../../attention/visibility.hpp"
 #include "../row_state.hpp"
 #include "amx.hpp"
+#include "storage16.hpp"
 #include "tile_gemm.hpp"
 #include "vector_moments.hpp"
 #include "isa.hpp"
@@ -350,6 +355,7 @@ template <class A>
 struct KeyMagnitudes {
   std::vector<A> kn, vn, kn_blk, vn_blk;
   std::vector<char> bad, bad_blk;
+  std::vector<float> wide;  // 16-bit key and value rows in float, kBc keys
   template <class T>
   void build(const TensorView<const T>& key, const TensorView<const T>& value, index_t b, index_t hk) {
     const index_t Lk = key.seq, nb = (Lk + kBc - 1) / kBc;
@@ -359,10 +365,27 @@ struct KeyMagnitudes {
     kn_blk.assign(std::size_t(nb), A(0));
     vn_blk.assign(std::size_t(nb), A(0));
     bad_blk.assign(std::size_t(nb), 0);
+    // 16-bit rows are widened first, exactly, a block of kBc keys at a time
+    // (reading a row back right after its conversion stalled on store
+    // forwarding: 16-byte stores, 32-byte loads).
+    if constexpr (is_storage16_v<T>) wide.resize(std::size_t(kBc * (key.dim + value.dim)));
+    float* wk = wide.data();
+    float* wv = wk + kBc * key.dim;
     for (index_t j = 0; j < Lk; ++j) {
       bool kb, vb;
-      kn[j] = row_norm2<A>(key.row(b, hk, j), key.dim, kb);
-      vn[j] = row_norm2<A>(value.row(b, hk, j), value.dim, vb);
+      if constexpr (is_storage16_v<T>) {
+        const index_t jb = j % kBc;
+        if (jb == 0)
+          for (index_t t = j; t < std::min(Lk, j + kBc); ++t) {
+            convert_n(key.row(b, hk, t), wk + (t - j) * key.dim, key.dim);
+            convert_n(value.row(b, hk, t), wv + (t - j) * value.dim, value.dim);
+          }
+        kn[j] = row_norm2<A>(wk + jb * key.dim, key.dim, kb);
+        vn[j] = row_norm2<A>(wv + jb * value.dim, value.dim, vb);
+      } else {
+        kn[j] = row_norm2<A>(key.row(b, hk, j), key.dim, kb);
+        vn[j] = row_norm2<A>(value.row(b, hk, j), value.dim, vb);
+      }
       bad[j] = char(kb || vb);
       kn_blk[j / kBc] = std::max(kn_blk[j / kBc], kn[j]);
       vn_blk[j / kBc] = std::max(vn_blk[j / kBc], vn[j]);
@@ -400,12 +423,13 @@ inline std::vector<index_t> rows_in_state(const std::vector<char>& ok, char stat
 }
 
 /// Per-row states for the kernels in T (see above): ok[row] is a RowState.
+/// The keys and values may be stored in S (a forward's 16-bit KV cache).
 /// subset (null = every row) marks the rows this call computes. grad_out is
 /// null for the forward. Returns the number of rows not computed in T
 /// (declined or non-finite).
-template <class T>
-index_t row_eligibility(const TensorView<const T>& query, const TensorView<const T>& key,
-                        const TensorView<const T>& value, const TensorView<const T>* grad_out,
+template <class T, class S = T>
+index_t row_eligibility(const TensorView<const T>& query, const TensorView<const S>& key,
+                        const TensorView<const S>& value, const TensorView<const T>* grad_out,
                         const Visibility& vis, const Temperature<T>& temp, double scale, int threads,
                         const char* subset, std::vector<char>& ok, bool unscaled_scores = false) {
   using A = BoundType<T>;
@@ -756,9 +780,18 @@ struct ForwardWorkspace {
   std::vector<T> c, halo;
   std::vector<char> seen;
   std::vector<int> cover;
-  /// rows: the most query rows of one task (≤ kBr; a decode step has a few).
-  ForwardWorkspace(index_t D, index_t Dv, index_t rows, bool use_amx = false)
+  // Keys and values stored in another type than T (KeyValue<S>): the tile's
+  // key rows (kBc × D) and value rows (the halo key's and the tile's,
+  // (kBc + 1) × Dv) widened to T.
+  std::vector<T> kstage, vstage;
+  /// rows: the most query rows of one task (≤ kBr; a decode step has a few);
+  /// stage: keys and values stored in another type than T.
+  ForwardWorkspace(index_t D, index_t Dv, index_t rows, bool use_amx = false, bool stage = false)
       : q(rows, D), kt(D, kBc), m(rows), l(rows), range(rows), kb(rows), ke(rows), amx(use_amx) {
+    if (stage) {
+      kstage.resize(std::size_t(kBc * D));
+      vstage.resize(std::size_t((kBc + 1) * Dv));
+    }
     const index_t nr = amx ? round_up(rows, amx::kRows) : rows;
     s = RowMatrix<T>::Zero(nr, kBc + 1 + kPad<T>);
     w.resize(nr, kBc + 1 + kPad<T>);
@@ -778,6 +811,33 @@ struct ForwardWorkspace {
   }
 };
 
+/// The keys and values a forward reads, in their storage type S: the call's
+/// own (S = T), or a 16-bit KV cache computed in float, read without a copy
+/// of the whole cache (S = bfloat16 or float16, T = float: each tile's rows
+/// are widened into the workspace where the tile is packed, exactly, so the
+/// products see the same floats as from a widened copy).
+template <class S>
+struct KeyValue {
+  TensorView<const S> key, value;
+};
+
+/// The key tile [k0, k0 + nc) of (b, hk) transposed into ws.kt (ncp columns,
+/// zeros past nc); and, for keys stored in S ≠ T, the value rows
+/// [max(k0 − 1, 0), k0 + nc) widened into ws.vstage (row k at k − (k0 − 1)).
+template <class T, class S>
+void pack_tile(const KeyValue<S>& kv, index_t b, index_t hk, index_t k0, index_t nc, index_t ncp,
+               ForwardWorkspace<T>& ws) {
+  const index_t D = kv.key.dim, Dv = kv.value.dim;
+  if constexpr (std::is_same<S, T>::value) {
+    pack_transposed(kv.key.row(b, hk, k0), kv.key.stride_seq, nc, D, ws.kt.data(), ncp);
+  } else {
+    for (index_t j = 0; j < nc; ++j) convert_n(kv.key.row(b, hk, k0 + j), ws.kstage.data() + j * D, D);
+    pack_transposed(ws.kstage.data(), D, nc, D, ws.kt.data(), ncp);
+    for (index_t k = std::max<index_t>(k0 - 1, 0); k < k0 + nc; ++k)
+      convert_n(kv.value.row(b, hk, k), ws.vstage.data() + (k - (k0 - 1)) * Dv, Dv);
+  }
+}
+
 /// The inspection maps of one finished row (small inputs; MATH.md §5), each
 /// Lk entries, zero outside the visible keys [lo, hi): P_j = α_j / Z, the
 /// kernel's own stencil weights taken over the whole visible range at once
@@ -785,8 +845,8 @@ struct ForwardWorkspace {
 /// tiles' c ⊗ (q·k) to float rounding, not bit for bit),
 /// and π_j = the half-token cell mass / Z. qs is the row's query scaled by c,
 /// m and l its final maximum and Σ α e^{-m}.
-template <class T, class Stencil>
-void write_maps(const T* qs, const TensorView<const T>& key, index_t b, index_t hk, RowRange rg, T m, T l, T* prow,
+template <class T, class Stencil, class S>
+void write_maps(const T* qs, const TensorView<const S>& key, index_t b, index_t hk, RowRange rg, T m, T l, T* prow,
                 T* mrow, ForwardWorkspace<T>& ws) {
   const index_t Lk = key.seq, D = key.dim, lo = rg.lo, hi = rg.hi;
   if (prow) std::fill(prow, prow + Lk, T(0));
@@ -797,9 +857,9 @@ void write_maps(const T* qs, const TensorView<const T>& key, index_t b, index_t 
   T* sb = ws.map_s.data();
   T* wb = ws.map_w.data();
   for (index_t j = lo; j < hi; ++j) {  // the tile product's operations: a running multiply-add in d order
-    const T* kj = key.row(b, hk, j);
+    const S* kj = key.row(b, hk, j);
     T acc = T(0);
-    for (index_t d = 0; d < D; ++d) acc = madd(qs[d], kj[d], acc);
+    for (index_t d = 0; d < D; ++d) acc = madd(qs[d], T(kj[d]), acc);
     sb[j] = acc;
   }
   if constexpr (Stencil::has_halo)
@@ -832,9 +892,10 @@ inline T scaled_query(const ForwardArgs<T>& a, index_t b, index_t h, index_t i, 
 
 /// Writes the outputs of finished row r of a task (query i of head h, batch
 /// b): out = o / l, lse = m + log l (0 and −∞ for a row that sees no key) and
-/// the inspection maps when asked for.
-template <class T, class Stencil>
-void write_row(const ForwardArgs<T>& a, index_t b, index_t h, index_t i, index_t r, ForwardWorkspace<T>& ws) {
+/// the inspection maps when asked for (from the keys kv.key).
+template <class T, class Stencil, class S>
+void write_row(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, index_t h, index_t i, index_t r,
+               ForwardWorkspace<T>& ws) {
   const index_t Lq = a.query.seq, Lk = a.key.seq, Dv = a.value.dim, Hq = a.query.heads;
   const index_t hk = h / (Hq / a.key.heads);
   const bool empty = !(ws.l[r] > T(0));
@@ -853,7 +914,7 @@ void write_row(const ForwardArgs<T>& a, index_t b, index_t h, index_t i, index_t
   if (a.lse) a.lse[(b * Hq + h) * Lq + i] = empty ? -std::numeric_limits<T>::infinity() : ws.m[r] + std::log(ws.l[r]);
   if (a.probs || a.cell_mass) {
     const index_t row = (b * Hq + h) * Lq + i;
-    write_maps<T, Stencil>(ws.q.row(r).data(), a.key, b, hk, ws.range[r], ws.m[r], ws.l[r],
+    write_maps<T, Stencil>(ws.q.row(r).data(), kv.key, b, hk, ws.range[r], ws.m[r], ws.l[r],
                            a.probs ? a.probs + row * Lk : nullptr, a.cell_mass ? a.cell_mass + row * Lk : nullptr, ws);
   }
 }
@@ -971,10 +1032,13 @@ void chunk_halo_amx(const ForwardArgs<T>& a, index_t b, index_t hk, index_t k0, 
 /// grouping changes no bit. The task covers the keys [ka, kz) (a chunk of a
 /// split task, multiples of kBc; else [0, Lk)): with `partial` null its rows
 /// are finished and written, else their state (m, l, o) goes to
-/// partial[r · (Dv + 2) + …] (finish_split).
-template <class T, class Stencil>
-void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, index_t i0, index_t i1,
-                   double scale, ForwardWorkspace<T>& ws, const char* ok, index_t ka, index_t kz, T* partial) {
+/// partial[r · (Dv + 2) + …] (finish_split). The keys and values are read
+/// from kv (KeyValue); the AMX steps (S = T only) read a's, the same views.
+template <class T, class Stencil, class S>
+void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, index_t h0, index_t nh, index_t i0,
+                   index_t i1, double scale, ForwardWorkspace<T>& ws, const char* ok, index_t ka, index_t kz,
+                   T* partial) {
+  constexpr bool staged = !std::is_same<S, T>::value;  // each tile's K, V rows widened into ws (pack_tile)
   const index_t Lq = a.query.seq, Lk = a.key.seq, D = a.query.dim, Dv = a.value.dim;
   const index_t Hq = a.query.heads;
   const index_t hk = h0 / (Hq / a.key.heads);
@@ -1011,7 +1075,7 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
   kmin = std::max(kmin, ka);  // this task's chunk of keys
   kmax = std::min(kmax, kz);
 
-  const index_t ldk = a.key.stride_seq, ldv = a.value.stride_seq;
+  const index_t ldv = kv.value.stride_seq;
   const index_t lds = ws.s.cols(), ldw = ws.w.cols();
   // Key tiles sit at multiples of kBc, whatever the block: a row is computed
   // with the same tiles (the same operations) in any query block, so a
@@ -1032,9 +1096,9 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
       for (index_t r = 0; r < nr; ++r)
         if (ws.range[r].lo < k0 && ws.range[r].hi > k0) {
           const T* qs = ws.q.row(r).data();
-          const T* kh = a.key.row(b, hk, k0 - 1);
+          const S* kh = kv.key.row(b, hk, k0 - 1);
           T acc = T(0);
-          for (index_t d = 0; d < D; ++d) acc = madd(qs[d], kh[d], acc);
+          for (index_t d = 0; d < D; ++d) acc = madd(qs[d], T(kh[d]), acc);
           ws.s(r, 0) = acc;
         }
     bool packed = false;
@@ -1058,7 +1122,7 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
         if (ws.amx)
           pack_tile_amx(a, b, hk, k0, nc, nr, ncp, ws);
         else
-          pack_transposed(a.key.row(b, hk, k0), ldk, nc, D, ws.kt.data(), ncp);
+          pack_tile(kv, b, hk, k0, nc, ncp, ws);
         packed = true;
       }
       // S[r0:r1, 1 + j] = Qs · K_tileᵀ for the tile keys j in [j0, j1) ⊇ [u0 - k0, u1 - k0).
@@ -1105,8 +1169,10 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
         else
           lsum = row_exp_sum(sr, m, wr, ce0, cv1);
         ws.l[r] += lsum;
-        ws.kb[r] = key0 + ce0;  // the row's own keys (halo included when visible)
-        ws.ke[r] = key0 + cv1;
+        // The row's own keys (halo included when visible); staged: their
+        // rows of ws.vstage, the tile's columns.
+        ws.kb[r] = (staged ? 0 : key0) + ce0;
+        ws.ke[r] = (staged ? 0 : key0) + cv1;
         if (ws.amx) weights_amx(k0 > 0 ? a.value.row(b, hk, k0 - 1) : nullptr, Dv, ce0, cv1, r, ws);
       }
       // O += W · V, each row over its own visible keys only (range_gemm): a
@@ -1114,8 +1180,11 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
       // and its value, when no row of the task sees it, a packed zero).
       if (ws.amx)
         accumulate_amx(r0, std::min(r1, nr_tiles), round_up(nc, amx::kStep) / amx::kStep, ws);
+      else if constexpr (staged)
+        range_gemm<T>(r1 - r0, Dv, ws.w.data() + r0 * ldw, ldw, 1, 0, ws.vstage.data(), Dv, ws.o.data() + r0 * Dv,
+                      Dv, ws.kb.data() + r0, ws.ke.data() + r0);
       else
-        range_gemm<T>(r1 - r0, Dv, ws.w.data() + r0 * ldw, ldw, 1, key0, a.value.row(b, hk, 0), ldv,
+        range_gemm<T>(r1 - r0, Dv, ws.w.data() + r0 * ldw, ldw, 1, key0, kv.value.row(b, hk, 0), ldv,
                       ws.o.data() + r0 * Dv, Dv, ws.kb.data() + r0, ws.ke.data() + r0);
     }
     // Keep this tile's last score as the next tile's halo (column kBc).
@@ -1130,7 +1199,7 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
       pr[1] = ws.l[r];
       std::copy(ws.o.row(r).data(), ws.o.row(r).data() + Dv, pr + 2);
     } else {
-      write_row<T, Stencil>(a, b, h0 + r / ni, i0 + r % ni, r, ws);
+      write_row<T, Stencil>(a, kv, b, h0 + r / ni, i0 + r % ni, r, ws);
     }
   }
 }
@@ -1138,9 +1207,10 @@ void forward_block(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, i
 /// The rows of a split task (forward_block's arguments) from its chunks'
 /// states, partial[(c · rows + r) · (Dv + 2) + …] = (m, l, o) of row r in
 /// chunk c: combined in chunk order with the online row maximum, then written.
-template <class T, class Stencil>
-void finish_split(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, index_t i0, index_t i1,
-                  double scale, ForwardWorkspace<T>& ws, const char* ok, index_t chunks, const T* partial) {
+template <class T, class Stencil, class S>
+void finish_split(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, index_t h0, index_t nh, index_t i0,
+                  index_t i1, double scale, ForwardWorkspace<T>& ws, const char* ok, index_t chunks,
+                  const T* partial) {
   const index_t Lq = a.query.seq, Lk = a.key.seq, Dv = a.value.dim, Hq = a.query.heads;
   const index_t ni = i1 - i0, nr = nh * ni;
   for (index_t r = 0; r < nr; ++r) {
@@ -1161,7 +1231,7 @@ void finish_split(const ForwardArgs<T>& a, index_t b, index_t h0, index_t nh, in
     }
     ws.m[r] = m;
     ws.l[r] = l;
-    write_row<T, Stencil>(a, b, h, i, r, ws);
+    write_row<T, Stencil>(a, kv, b, h, i, r, ws);
   }
 }
 
@@ -1184,10 +1254,13 @@ inline bool task_has_rows(const std::vector<char>& ok, const char* subset, index
 /// outputs (write_nonfinite_rows). use_amx: the tile products on AMX-BF16
 /// (amx.hpp) — only for float arguments that hold bfloat16 values (bfloat16
 /// storage), and only where amx::usable(). accuracy: the stencil's
-/// (vector_moments.hpp; bf16 for bfloat16 storage, MATH.md §10).
-template <class T, class Stencil, class Declined>
-void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, Declined&& declined,
-                   bool use_amx = false, StencilAccuracy accuracy = StencilAccuracy::full) {
+/// (vector_moments.hpp; bf16 for bfloat16 storage, MATH.md §10). kv: the
+/// keys and values read — a's own, or (S ≠ T) 16-bit ones read in their
+/// storage type (KeyValue; a.key and a.value then give only their shapes,
+/// and no AMX).
+template <class T, class Stencil, class S, class Declined>
+void forward_tiled(const ForwardArgs<T>& a, const KeyValue<S>& kv, double scale, const char* subset,
+                   Declined&& declined, bool use_amx = false, StencilAccuracy accuracy = StencilAccuracy::full) {
   const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq, D = a.query.dim;
   const index_t Dv = a.value.dim;
   // Tasks: blocks of kBr query rows of one head; when the whole GQA group's
@@ -1210,16 +1283,17 @@ void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, De
   std::vector<T> partial(chunks > 1 ? std::size_t(ntasks * chunks * task_rows * (Dv + 2)) : 0);
   const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
   std::vector<char> ok;
-  const bool amx = kAmx<T> && use_amx && D > 0 && Dv > 0;
-  const index_t rejected = row_eligibility<T>(a.query, a.key, a.value, nullptr, a.visibility, a.temperature, scale,
-                                              threads, subset, ok, amx);
+  constexpr bool staged = !std::is_same<S, T>::value;
+  const bool amx = kAmx<T> && !staged && use_amx && D > 0 && Dv > 0;
+  const index_t rejected = row_eligibility<T, S>(a.query, kv.key, kv.value, nullptr, a.visibility, a.temperature,
+                                                 scale, threads, subset, ok, amx);
   if (ntasks == 0) return;
 #if defined(_OPENMP)
 #  pragma omp parallel num_threads(threads) if (threads > 1)
 #endif
   {
     serial_eigen_in_this_region();
-    ForwardWorkspace<T> ws(D, Dv, task_rows, amx);
+    ForwardWorkspace<T> ws(D, Dv, task_rows, amx, staged);
     ws.accuracy = accuracy;
 #if defined(CONTINUUM_CPU_AMX)
     std::optional<amx::Scope> tiles;  // this thread's tile configuration, the caller's restored at the end
@@ -1238,9 +1312,9 @@ void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, De
       if (!task_has_rows(ok, subset, b, h0, nh, i0, i1, Hq, Lq)) continue;  // rows outside the subset are not written
       const char* okp = subset || rejected ? ok.data() : nullptr;
       if (chunks == 1)
-        forward_block<T, Stencil>(a, b, h0, nh, i0, i1, scale, ws, okp, 0, Lk, nullptr);
+        forward_block<T, Stencil>(a, kv, b, h0, nh, i0, i1, scale, ws, okp, 0, Lk, nullptr);
       else
-        forward_block<T, Stencil>(a, b, h0, nh, i0, i1, scale, ws, okp, chunk * kSplitKeys,
+        forward_block<T, Stencil>(a, kv, b, h0, nh, i0, i1, scale, ws, okp, chunk * kSplitKeys,
                                   std::min(Lk, (chunk + 1) * kSplitKeys),
                                   partial.data() + (task * chunks + chunk) * task_rows * (Dv + 2));
     }
@@ -1253,7 +1327,7 @@ void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, De
         const index_t b = bh / (Hq / nh), h0 = bh % (Hq / nh) * nh;
         const index_t i0 = 0, i1 = Lq;
         if (!task_has_rows(ok, subset, b, h0, nh, i0, i1, Hq, Lq)) continue;
-        finish_split<T, Stencil>(a, b, h0, nh, i0, i1, scale, ws, subset || rejected ? ok.data() : nullptr, chunks,
+        finish_split<T, Stencil>(a, kv, b, h0, nh, i0, i1, scale, ws, subset || rejected ? ok.data() : nullptr, chunks,
                                  partial.data() + task * chunks * task_rows * (Dv + 2));
       }
     }
@@ -1262,6 +1336,14 @@ void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, De
     declined(rows_in_state(ok, kDeclined));
     write_nonfinite_rows(a, ok);
   }
+}
+
+/// The forward of a's own keys and values (the arguments above).
+template <class T, class Stencil, class Declined>
+void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, Declined&& declined,
+                   bool use_amx = false, StencilAccuracy accuracy = StencilAccuracy::full) {
+  forward_tiled<T, Stencil>(a, KeyValue<T>{a.key, a.value}, scale, subset, std::forward<Declined>(declined), use_amx,
+                            accuracy);
 }
 
 // ---------------------------------------------------------------------------

@@ -27,9 +27,6 @@
 #include "isa.hpp"
 #include "storage16.hpp"
 #include "tiled.hpp"
-#if defined(__SSE2__) || defined(__F16C__)
-#  include <immintrin.h>
-#endif
 
 namespace continuum {
 inline namespace CONTINUUM_CPU_ISA_NAMESPACE {  // backends/cpu/isa.hpp
@@ -55,37 +52,6 @@ struct wider<double> {
 };
 template <class T>
 using wider_t = typename wider<T>::type;
-
-/// dst[0, n) = src[0, n) converted: exact where it widens, to nearest even
-/// where it narrows (float ↔ float16 eight at a time with F16C, which the
-/// avx2 and avx512 kernels have; bfloat16 → float eight at a time with SSE2,
-/// which every x86-64 has: each 16-bit pattern becomes the high half of a
-/// float whose low half is zero — the same values as Eigen's scalar
-/// conversion, which does the rest, NaN payloads included; a 16-bit call's
-/// conversions would otherwise cost as much as a fifth of a forward, and a
-/// bfloat16 decode step widens its whole KV cache: docs/PERFORMANCE.md).
-template <class D, class S>
-inline void convert_n(const S* src, D* dst, index_t n) {
-  index_t i = 0;
-#if defined(__SSE2__)
-  if constexpr (std::is_same<S, bfloat16>::value && std::is_same<D, float>::value)
-    for (; i + 8 <= n; i += 8) {
-      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)), zero = _mm_setzero_si128();
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm_unpacklo_epi16(zero, x));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 4), _mm_unpackhi_epi16(zero, x));
-    }
-#endif
-#if defined(__F16C__)
-  if constexpr (std::is_same<S, float16>::value && std::is_same<D, float>::value)
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-  if constexpr (std::is_same<S, float>::value && std::is_same<D, float16>::value)
-    for (; i + 8 <= n; i += 8)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
-                       _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-#endif
-  for (; i < n; ++i) dst[i] = D(src[i]);
-}
 
 /// The blocks a thread's finished calls left for its next ones: the copies
 /// of a widened call are taken from here, not faulted in afresh (page faults
@@ -233,13 +199,20 @@ Temperature<W> widened(const Temperature<T>& t, const AttentionShape& s, std::ve
 
 /// What forward and backward arguments share, in W: Q, K, V (copied into q,
 /// k, v) and the options (AttentionOptions; the temperature's array into
-/// tau), computing in W's own arithmetic.
+/// tau), computing in W's own arithmetic. widen_kv false: K and V are not
+/// copied (the kernels read the caller's: tiled::KeyValue), their views in w
+/// give only the shapes (no data).
 template <class Args, class WideArgs, class W>
 void widen_shared(const Args& a, const AttentionShape& s, WideArgs& w, Buffer<W>& q, Buffer<W>& k, Buffer<W>& v,
-                  std::vector<W>& tau, int threads) {
+                  std::vector<W>& tau, int threads, bool widen_kv = true) {
   w.query = widened(a.query, q, threads);
-  w.key = widened(a.key, k, threads);
-  w.value = widened(a.value, v, threads);
+  if (widen_kv) {
+    w.key = widened(a.key, k, threads);
+    w.value = widened(a.value, v, threads);
+  } else {
+    w.key = TensorView<const W>::bhsd(nullptr, a.key.batch, a.key.heads, a.key.seq, a.key.dim);
+    w.value = TensorView<const W>::bhsd(nullptr, a.value.batch, a.value.heads, a.value.seq, a.value.dim);
+  }
   AttentionOptions<W>& o = w;
   o.kernel = a.kernel;
   o.temperature = widened(a.temperature, s, tau);
@@ -249,7 +222,8 @@ void widen_shared(const Args& a, const AttentionShape& s, WideArgs& w, Buffer<W>
   o.num_threads = a.num_threads;
 }
 
-/// Forward arguments of T storage in W, the inspection maps included.
+/// Forward arguments of T storage in W, the inspection maps included (K and
+/// V copied unless widen_kv is false: widen_shared).
 template <class W, class T>
 struct WideForward {
   Buffer<W> q, k, v, o;
@@ -257,9 +231,9 @@ struct WideForward {
   index_t len_k = 0;
   int threads = 1;
   ForwardArgs<W> args;
-  WideForward(const ForwardArgs<T>& a, const AttentionShape& s)
+  WideForward(const ForwardArgs<T>& a, const AttentionShape& s, bool widen_kv = true)
       : len_k(s.len_k), threads(tiled::resolve_threads(a.num_threads)) {
-    widen_shared(a, s, args, q, k, v, tau, threads);
+    widen_shared(a, s, args, q, k, v, tau, threads, widen_kv);
     args.out = widened_output(a.out, o, threads);
     if (a.lse) {
       lse.assign(std::size_t(s.rows()), W(0));
