@@ -304,6 +304,23 @@ std::vector<T> convert(const std::vector<double>& x) {
   return r;
 }
 
+/// An input's values in the storage type T, rounded once; a finite value that
+/// T cannot hold (it would round to ±inf: float16 beyond ±65504, float32 and
+/// bfloat16 beyond ~3.4e38) is an error naming the file, not a silent inf.
+template <class T>
+std::vector<T> convert_input(const Array& a, DType storage) {
+  std::vector<T> r = convert<T>(a.real);
+  for (std::size_t i = 0; i < r.size(); ++i)
+    if (std::isfinite(a.real[i]) && !std::isfinite(static_cast<double>(r[i]))) {
+      char msg[160];
+      std::snprintf(msg, sizeof msg, "element %zu (%.9g) is beyond the largest finite %s (%.9g); use a wider --dtype",
+                    i, a.real[i], attn::dtype_name(storage),
+                    static_cast<double>(std::numeric_limits<T>::max()));
+      throw NpyError(a.path, msg);
+    }
+  return r;
+}
+
 template <class T>
 std::string encode_as(const std::vector<T>& x, const std::vector<std::size_t>& shape, DType out) {
   if (out == DType::f16) return attn::encode_float16(x, shape);
@@ -332,7 +349,8 @@ void print_rows(const char* name, const std::vector<T>& x, index_t rows, index_t
 template <class T>
 std::vector<std::string> compute(const Problem& p, const std::string& out_dir, int print) {
   const bool four = p.four_d;
-  const std::vector<T> q = convert<T>(p.q.real), k = convert<T>(p.k.real), v = convert<T>(p.v.real);
+  const std::vector<T> q = convert_input<T>(p.q, p.storage), k = convert_input<T>(p.k, p.storage),
+                       v = convert_input<T>(p.v, p.storage);
   const Dims dq = p.dq, dk = p.dk, dv = p.dv;
   const Dims dout{dq.b, dq.h, dq.s, dv.d};
   using A = continuum::accum_t<T>;  // lse, τ and dτ: float for 16-bit storage
@@ -381,7 +399,7 @@ std::vector<std::string> compute(const Problem& p, const std::string& out_dir, i
   std::vector<T> gq, gk, gv;
   std::vector<A> gtau;
   if (p.has_do) {
-    const std::vector<T> g = convert<T>(p.dout.real);
+    const std::vector<T> g = convert_input<T>(p.dout, p.storage);
     gq.resize(q.size());
     gk.resize(k.size());
     gv.resize(v.size());

@@ -206,8 +206,8 @@ def attention(
             device: query i of batch b sees keys [lo[b, i], hi[b, i]), with
             0 ≤ lo ≤ hi ≤ Lk; intersected with causal and window (padding,
             packed documents). ``lo == hi`` is an empty row.
-        temperature: τ > 0, a number or a tensor of the query's dtype and
-            device: 0-d, per head [Hq], or per query [B, Hq, Lq]. A tensor that
+        temperature: τ > 0, a number or a tensor of the query's dtype
+            (float32 for 16-bit queries, see below) and device: 0-d, per head [Hq], or per query [B, Hq, Lq]. A tensor that
             requires grad receives dτ in its own shape. With 16-bit inputs
             (bfloat16 or float16, on the CPU and on CUDA) a tensor
             temperature is float32 (the library's accumulator).

@@ -200,9 +200,9 @@ Options make_options(const Tensor& q, std::string_view kernel, bool causal, int6
     TORCH_CHECK_VALUE(t.device() == q.device(), kWho, ": temperature is on ", t.device(),
                       " but query is on ", q.device());
     TORCH_CHECK_VALUE(t.scalar_type() == accum_type(q.scalar_type()), kWho,
-                      ": temperature has dtype ", t.scalar_type(), " but query has ",
-                      q.scalar_type(), " (a tensor temperature must be ",
-                      accum_type(q.scalar_type()), ")");
+                      ": temperature has dtype ", t.scalar_type(), "; with a ", q.scalar_type(),
+                      " query a tensor temperature must be ", accum_type(q.scalar_type()),
+                      " (the query's dtype, float32 for bfloat16 and float16 queries)");
     const int64_t B = q.size(0), Hq = q.size(1), Lq = q.size(2);
     if (t.dim() == 0) {
       o.temperature_shape = continuum::TemperatureShape::scalar;

@@ -60,7 +60,7 @@ def test_negative_temperature():
 def test_temperature_shape_and_dtype():
     raises(ValueError, r"temperature must be a number, a 0-d tensor, \[Hq\]",
            lambda q, k, v: ca.attention(q, k, v, temperature=torch.ones(3, dtype=torch.float64)))
-    raises(ValueError, r"temperature has dtype Float but query has Double",
+    raises(ValueError, r"temperature has dtype Float; with a Double query a tensor temperature must be Double",
            lambda q, k, v: ca.attention(q, k, v, temperature=torch.ones(H)))
 
 

@@ -95,7 +95,7 @@ def test_16bit_compute_float64(dtype):
 @pytest.mark.parametrize("dtype,name", [(torch.bfloat16, "BFloat16"), (torch.float16, "Half")])
 def test_16bit_temperature_tensor_is_float32(dtype, name):
     q, k, v, _ = inputs("scalar", dtype)
-    with pytest.raises(ValueError, match=rf"temperature has dtype {name}"):
+    with pytest.raises(ValueError, match=rf"temperature has dtype {name}; with a {name} query a tensor temperature must be Float"):
         ca.attention(q, k, v, temperature=torch.full((4,), 0.5, dtype=dtype))
 
 

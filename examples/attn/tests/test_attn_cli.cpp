@@ -634,6 +634,16 @@ TEST_CASE("bad input: one line naming the file, non-zero exit, no output written
       {"tau file of shape (0, 10^12, 10^12)", [&](const fs::path& d) {
          write_file(d / "tau.npy", npy_raw("<f8", false, "(0, 1000000000000, 1000000000000)", "")); },
        "--temperature DIR/tau.npy", "tau.npy: shape (0, 1000000000000, 1000000000000) is too large"},
+      // A finite input the storage type cannot hold would round to inf (and
+      // every output to NaN) with exit status 0 (was).
+      {"key beyond float16", [&](const fs::path& d) {
+         std::vector<ld> big = k;
+         big[7] = 70000.0L;
+         write_file(d / "k.npy", npy_bytes<double>(big, {5, 4})); }, "--dtype float16", "k.npy: element 7 (70000)"},
+      {"value beyond float32", [&](const fs::path& d) {
+         std::vector<ld> big = v;
+         big[3] = -1e39L;
+         write_file(d / "v.npy", npy_bytes<double>(big, {5, 2})); }, "--dtype float32", "v.npy: element 3 (-1e+39)"},
       {"float ranges", [&](const fs::path& d) {
          write_file(d / "lo.npy", npy_bytes<double>({0, 0, 0}, {3}));
          write_file(d / "hi.npy", npy_bytes<std::int64_t>({5, 5, 5}, {3})); }, "--ranges DIR/lo.npy DIR/hi.npy", "lo.npy"},

@@ -48,9 +48,10 @@ namespace continuum {
 ///         temperature, ranges, P, π), self-overlapping output views,
 ///         sizes, element counts or element offsets beyond 2^62, views
 ///         running past the end of the address space, D = 0 with the default
-///         scale 1/sqrt(D); with float compute (float storage, compute not
-///         float64), scale / τ beyond FLT_MAX (the kernels form it in float);
-///         compute float32 with double storage.
+///         scale 1/sqrt(D); on the CUDA backend with a float accumulator,
+///         scale or scale / τ beyond FLT_MAX (its kernels form it in float;
+///         the CPU computes such rows in double, MATH.md §10); compute
+///         float32 with double storage.
 /// \note Zero sizes: B, Hq or Lq = 0 (also Hq = Hk = 0) is a problem with
 ///       nothing to write, and returns at once; Lk = 0 gives empty rows; D = 0
 ///       (explicit scale) gives scores 0; Dv = 0 leaves lse, P and π.
@@ -62,7 +63,9 @@ namespace continuum {
 ///       rows and give the right limit (≈ the arg-max key's value, lse = +inf
 ///       when log Z_i > DBL_MAX), never NaN. Memory
 ///       O(B·Hq·Lq + tiles); time O(B·Hq·Lq·Lk·(D + Dv)). A KV-cache decode step
-///       (Lq = 1, causal) gives the full causal forward's row bit for bit.
+///       (Lq = 1, causal) gives the full causal forward's row bit for bit up
+///       to 4,095 keys; a longer cache is split over the key axis in 2,048-key
+///       chunks and agrees with it within rounding (MATH.md §10).
 template <class Backend, class T>
 void attention_forward(Backend, const ForwardArgs<T>& args) {
   double scale = 1.0;

@@ -134,11 +134,13 @@ struct AttentionOptions {
   /// by the same kernels, and rows double cannot hold (raw scores beyond
   /// DBL_MAX, tiny τ) in long double (docs/MATH.md §10); a row that sees a NaN
   /// or an Inf gets NaN outputs. Data a row cannot see never changes its
-  /// result or how it is computed. With float compute the kernels form
-  /// scale / τ in float: τ for which it exceeds FLT_MAX is rejected
-  /// (std::invalid_argument), not computed.
+  /// result or how it is computed. On the CPU a row whose scale / τ exceeds
+  /// FLT_MAX is such a row (computed in double); the CUDA backend's kernels
+  /// form scale / τ in their float accumulator and reject it
+  /// (std::invalid_argument).
   Compute compute = Compute::automatic;
-  /// OpenMP threads; 0 = the runtime's default. Results do not depend on it.
+  /// OpenMP threads; 0 = the runtime's default. Results do not depend on it
+  /// (under the default round-to-nearest mode: docs/MATH.md §10, Determinism).
   int num_threads = 0;
 };
 
