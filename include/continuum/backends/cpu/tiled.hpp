@@ -369,11 +369,11 @@ struct KeyMagnitudes {
     // (reading a row back right after its conversion stalled on store
     // forwarding: 16-byte stores, 32-byte loads).
     if constexpr (is_storage16_v<T>) wide.resize(std::size_t(kBc * (key.dim + value.dim)));
-    float* wk = wide.data();
-    float* wv = wk + kBc * key.dim;
     for (index_t j = 0; j < Lk; ++j) {
       bool kb, vb;
       if constexpr (is_storage16_v<T>) {
+        float* wk = wide.data();  // null only when D = Dv = 0 (every offset 0)
+        float* wv = wk + kBc * key.dim;
         const index_t jb = j % kBc;
         if (jb == 0)
           for (index_t t = j; t < std::min(Lk, j + kBc); ++t) {
