@@ -35,8 +35,12 @@ def test_mismatched_heads():
 def test_mismatched_shapes():
     raises(ValueError, r"key: expected shape \[B, Hk, Lk, D\]",
            lambda q, k, v: ca.attention(q, k[..., :4], v))
-    raises(ValueError, r"value: expected shape \[B, Hk, Lk, Dv\]",
+    raises(ValueError, r"key and value: seq_len \(Lk\) must match, got key 6, value 3",
            lambda q, k, v: ca.attention(q, k, v[:, :, :3]))
+    raises(ValueError, r"key and value: seq_len \(Lk\) must match, got key 3, value 6",
+           lambda q, k, v: ca.attention(q, k[:, :, :3], v))
+    raises(ValueError, r"value: expected shape \[B, Hk, Lk, Dv\]",
+           lambda q, k, v: ca.attention(q, k, v[:1]))
 
 
 def test_non_contiguous_last_dim():

@@ -54,7 +54,8 @@ TEST_CASE("bad input: forward arguments", "[bad-input]") {
   };
   auto a0 = c.forward_args();
   { auto a = a0; a.key.dim = 4; expect(a, "key"); }                       // D mismatch
-  { auto a = a0; a.value.seq = 5; expect(a, "value"); }                   // Lk mismatch
+  { auto a = a0; a.value.seq = 5; expect(a, "key and value: seq_len (Lk) must match, got key 6, value 5"); }
+  { auto a = a0; a.key.seq = 5; expect(a, "key and value: seq_len (Lk) must match, got key 5, value 6"); }
   { auto a = a0; a.key.heads = 3; a.value.heads = 3; expect(a, "key"); }  // Hq % Hk != 0
   { auto a = a0; a.key.batch = 1; expect(a, "key"); }                     // batch mismatch
   { auto a = a0; a.out.dim = 3; expect(a, "out"); }                       // Dv mismatch

@@ -387,6 +387,9 @@ AttentionShape resolve_shape(const char* fn, const TensorView<const T>& q, const
                  " must be a multiple of Hk), got Hk = " + std::to_string(s.heads_kv));
   check_view(fn, "query", q, s.batch, s.heads_q, s.len_q, s.dim, "[B, Hq, Lq, D]", false);
   check_view(fn, "key", k, s.batch, s.heads_kv, s.len_k, s.dim, "[B, Hk, Lk, D]", false);
+  if (v.seq != k.seq)  // neither is "the" Lk: name both
+    fail(fn, "key and value: seq_len (Lk) must match, got key " + std::to_string(k.seq) + ", value " +
+                 std::to_string(v.seq));
   check_view(fn, "value", v, s.batch, s.heads_kv, s.len_k, s.dim_v, "[B, Hk, Lk, Dv]", false);
   return s;
 }
