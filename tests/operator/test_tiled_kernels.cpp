@@ -7,6 +7,8 @@
 // backward_tolerance (derivations there), unchanged.
 #include <catch2/catch.hpp>
 
+#include <cfenv>
+
 #include "operator/harness.hpp"
 
 using namespace harness;
@@ -124,6 +126,76 @@ TEST_CASE("tiled kernels: bitwise independent of the thread count", "[operator][
       }
     }
   }
+}
+
+TEST_CASE("tiled kernels: every thread runs in the caller's rounding mode and flush-to-zero bits",
+          "[operator][tiled]") {
+  // OpenMP workers keep their own floating-point modes; each parallel region
+  // runs them in the caller's (tiled.hpp, CallerFloatModes), so results stay
+  // independent of the thread count in any mode, and the caller's modes are
+  // unchanged after a call. Two tasks (B · Hk = 2): on 2 threads the second
+  // head runs on a worker. Without the adoption, head 1 differs in its last
+  // bits under a directed rounding, and in denormal v under DAZ/FTZ.
+  struct Restore {  // the test's thread back to round-to-nearest, even after a failed check
+    int round = std::fegetround();
+#if defined(CONTINUUM_CPU_MXCSR)
+    unsigned csr = _mm_getcsr();
+#endif
+    ~Restore() {
+      std::fesetround(round);
+#if defined(CONTINUUM_CPU_MXCSR)
+      _mm_setcsr(csr);
+#endif
+    }
+  } restore;
+  struct Mode {
+    const char* name;
+    int round;
+    bool flush;  // MXCSR's flush-to-zero and denormals-are-zero bits (x86-64)
+  };
+  std::vector<Mode> modes = {{"toward zero", FE_TOWARDZERO, false}, {"upward", FE_UPWARD, false},
+                             {"downward", FE_DOWNWARD, false}};
+#if defined(CONTINUUM_CPU_MXCSR)
+  modes.push_back({"nearest, FTZ+DAZ", FE_TONEAREST, true});
+#endif
+  for (const Mode& m : modes)
+    for (bool fa : {false, true}) {
+      std::vector<float> o1, dq1, dk1, dv1;
+      for (int threads : {1, 2, 3}) {
+        Case<float> c;
+        setup(c, 0, 1, 0, 99);
+        c.threads = threads;
+        if (m.flush)  // values below float's normal range: DAZ reads them as 0
+          c.v.for_each([](float& x) { x *= 1e-40f; });
+        REQUIRE(std::fesetround(m.round) == 0);
+#if defined(CONTINUUM_CPU_MXCSR)
+        if (m.flush) _mm_setcsr(_mm_getcsr() | 0x8040u);
+        const unsigned csr = _mm_getcsr() & 0xffc0u;
+#endif
+        run_forward(c, fa);
+        run_backward(c, fa);
+        INFO("mode " << m.name << ", threads " << threads << ", float_arithmetic " << fa);
+        CHECK(std::fegetround() == m.round);
+#if defined(CONTINUUM_CPU_MXCSR)
+        CHECK((_mm_getcsr() & 0xffc0u) == csr);
+#endif
+        std::fesetround(restore.round);
+#if defined(CONTINUUM_CPU_MXCSR)
+        _mm_setcsr(restore.csr);
+#endif
+        if (threads == 1) {
+          o1 = c.o.contiguous();
+          dq1 = c.dq.contiguous();
+          dk1 = c.dk.contiguous();
+          dv1 = c.dv.contiguous();
+        } else {
+          CHECK(c.o.contiguous() == o1);
+          CHECK(c.dq.contiguous() == dq1);
+          CHECK(c.dk.contiguous() == dk1);
+          CHECK(c.dv.contiguous() == dv1);
+        }
+      }
+    }
 }
 
 TEST_CASE("tiled forward: a KV-cache decode step is the full causal row, bit for bit", "[operator][tiled]") {

@@ -139,8 +139,9 @@ struct AttentionOptions {
   /// form scale / τ in their float accumulator and reject it
   /// (std::invalid_argument).
   Compute compute = Compute::automatic;
-  /// OpenMP threads; 0 = the runtime's default. Results do not depend on it
-  /// (under the default round-to-nearest mode: docs/MATH.md §10, Determinism).
+  /// OpenMP threads; 0 = the runtime's default. Results do not depend on it,
+  /// in any rounding mode: the workers run in the caller's floating-point
+  /// modes (docs/MATH.md §10, Determinism).
   int num_threads = 0;
 };
 

@@ -62,6 +62,7 @@
 #include <algorithm>
 #include <type_traits>
 #include <utility>
+#include <cfenv>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -72,6 +73,10 @@
 
 #if defined(_OPENMP)
 #  include <omp.h>
+#endif
+#if (defined(__SSE__) || defined(_M_X64)) && !defined(CONTINUUM_CPU_MXCSR)
+#  include <xmmintrin.h>  // _mm_getcsr, _mm_setcsr (CallerFloatModes)
+#  define CONTINUUM_CPU_MXCSR 1
 #endif
 
 #include "../../attention/params.hpp"
@@ -290,6 +295,58 @@ inline void serial_eigen_in_this_region() {
 #endif
 }
 
+/// The caller's floating-point control modes, for every thread of a parallel
+/// region. OpenMP's worker threads keep their own (round to nearest, unless the
+/// program changed theirs), so a caller in another mode would get results that
+/// depend on the thread count. Captured on the calling thread before the region;
+/// `Adopt`, first in each thread of the region, sets that thread's rounding
+/// direction and (x86-64) MXCSR's control bits — rounding, flush-to-zero,
+/// denormals-are-zero, exception masks — to the caller's, and gives the thread
+/// its own back at the end. Exception flags are left alone; on the calling
+/// thread it changes nothing (docs/MATH.md §10, Determinism).
+class CallerFloatModes {
+ public:
+  CallerFloatModes() : round_(std::fegetround()) {
+#if defined(CONTINUUM_CPU_MXCSR)
+    csr_ = _mm_getcsr() & kControl;
+#endif
+  }
+
+  class Adopt {
+   public:
+    explicit Adopt(const CallerFloatModes& caller) : round_(std::fegetround()) {
+      if (round_ != caller.round_) std::fesetround(caller.round_);  // x87 and SSE
+#if defined(CONTINUUM_CPU_MXCSR)
+      const unsigned csr = _mm_getcsr();
+      csr_ = csr & kControl;
+      if (csr_ != caller.csr_) _mm_setcsr((csr & ~kControl) | caller.csr_);
+#endif
+    }
+    ~Adopt() {
+      if (std::fegetround() != round_) std::fesetround(round_);
+#if defined(CONTINUUM_CPU_MXCSR)
+      const unsigned csr = _mm_getcsr();
+      if ((csr & kControl) != csr_) _mm_setcsr((csr & ~kControl) | csr_);
+#endif
+    }
+    Adopt(const Adopt&) = delete;
+    Adopt& operator=(const Adopt&) = delete;
+
+   private:
+    int round_;
+#if defined(CONTINUUM_CPU_MXCSR)
+    unsigned csr_;
+#endif
+  };
+
+ private:
+  int round_;
+#if defined(CONTINUUM_CPU_MXCSR)
+  static constexpr unsigned kControl = 0xffc0u;  // MXCSR bits 6-15: DAZ, masks, rounding, FTZ
+  unsigned csr_;
+#endif
+};
+
 
 // ---------------------------------------------------------------------------
 // Which rows the kernels in T take. They compute in T (float accumulates in
@@ -441,10 +498,12 @@ index_t row_eligibility(const TensorView<const T>& query, const TensorView<const
   if (Hk <= 0 || B <= 0 || Lq <= 0 || Hq <= 0) return 0;
   const index_t group = Hq / Hk, ntasks = B * Hk;
   index_t rejected = 0;
+  const CallerFloatModes modes;
 #if defined(_OPENMP)
 #  pragma omp parallel num_threads(threads) if (threads > 1 && ntasks > 1) reduction(+ : rejected)
 #endif
   {
+    const CallerFloatModes::Adopt in_caller_modes(modes);
     KeyMagnitudes<A> km;
 #if defined(_OPENMP)
 #  pragma omp for schedule(dynamic, 1)
@@ -1288,10 +1347,12 @@ void forward_tiled(const ForwardArgs<T>& a, const KeyValue<S>& kv, double scale,
   const index_t rejected = row_eligibility<T, S>(a.query, kv.key, kv.value, nullptr, a.visibility, a.temperature,
                                                  scale, threads, subset, ok, amx);
   if (ntasks == 0) return;
+  const CallerFloatModes modes;
 #if defined(_OPENMP)
 #  pragma omp parallel num_threads(threads) if (threads > 1)
 #endif
   {
+    const CallerFloatModes::Adopt in_caller_modes(modes);
     serial_eigen_in_this_region();
     ForwardWorkspace<T> ws(D, Dv, task_rows, amx, staged);
     ws.accuracy = accuracy;
@@ -1903,10 +1964,12 @@ std::vector<double> backward_run(const BackwardArgs<T>& a, const char* ok, doubl
   const index_t D = a.query.dim, Dv = a.value.dim;
   const index_t ntasks = B * Hk;
   std::vector<double> dtau_rows(a.grad_temperature ? std::size_t(B * Hq * Lq) : 0);
+  const CallerFloatModes modes;
 #if defined(_OPENMP)
 #  pragma omp parallel num_threads(threads) if (threads > 1)
 #endif
   {
+    const CallerFloatModes::Adopt in_caller_modes(modes);
     serial_eigen_in_this_region();
     const bool amx = kAmx<T> && use_amx && D > 0 && Dv > 0;
     BackwardWorkspace<T> ws(D, Dv, amx);

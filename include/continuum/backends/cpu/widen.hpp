@@ -133,14 +133,22 @@ class Buffer {
   typename SparePool<W>::Block b_;
 };
 
-/// f(r) for every r in [0, n), on up to `threads` threads (static schedule).
+/// f(r) for every r in [0, n), on up to `threads` threads (static schedule),
+/// each in the caller's floating-point modes (tiled.hpp, CallerFloatModes).
 template <class F>
 void for_rows(index_t n, int threads, F&& f) {
   threads = int(std::max<index_t>(1, std::min<index_t>(threads, n)));  // n = 0: an empty view
+  const tiled::CallerFloatModes modes;
 #if defined(_OPENMP)
-#  pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n > 1)
+#  pragma omp parallel num_threads(threads) if (threads > 1 && n > 1)
 #endif
-  for (index_t r = 0; r < n; ++r) f(r);
+  {
+    const tiled::CallerFloatModes::Adopt in_caller_modes(modes);
+#if defined(_OPENMP)
+#  pragma omp for schedule(static)
+#endif
+    for (index_t r = 0; r < n; ++r) f(r);
+  }
 }
 
 /// f(row of v, row of w, dim) for every (batch, head, position) row of two
