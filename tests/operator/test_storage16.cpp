@@ -199,6 +199,31 @@ bool on_amx() { return cd::selected() == cd::Isa::amx; }
 bool on_amx() { return continuum::cpu_detail::amx::usable(); }
 #endif
 
+/// f() on every vector instruction set this CPU runs (sse2, avx2, avx512),
+/// each selected in turn, the ones it cannot run reported as skipped: the
+/// kernels whose products are the float call's. A build without the dispatch
+/// library (its own -march) runs f() once, unless S is bfloat16 and its
+/// kernels are AMX's (`amx_skip` says why that is skipped).
+template <class S, class F>
+void for_each_vector_isa(const char* what, const char* amx_skip, F&& f) {
+#if defined(CONTINUUM_CPU_DISPATCH)
+  (void)amx_skip;
+  RestoreIsa restore;
+  for (cd::Isa isa : {cd::Isa::sse2, cd::Isa::avx2, cd::Isa::avx512}) {
+    if (!cd::supported(isa)) {
+      WARN("skipped: " << what << " on " << cd::name(isa) << " (this CPU cannot run it)");
+      continue;
+    }
+    cd::select(isa);
+    INFO("instruction set " << cd::name(isa));
+    f();
+  }
+#else
+  if (std::is_same<S, bfloat16>::value && on_amx()) WARN("skipped: " << what << ": " << amx_skip);
+  else f();
+#endif
+}
+
 #if defined(CONTINUUM_CPU_AMX) || (defined(__x86_64__) && defined(__linux__) && \
     ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)))
 #  define TEST_AMX_CONFIG 1
@@ -380,20 +405,8 @@ TEMPLATE_TEST_CASE("16-bit storage: the forward reads keys and values as stored,
   const int shape = GENERATE(0, 1, 2);
   std::vector<continuum::Kernel> kernels = {continuum::Kernel::softmax};
   if (std::is_same<S, float16>::value) kernels.push_back(continuum::Kernel::continuum);
-#if defined(CONTINUUM_CPU_DISPATCH)
-  RestoreIsa restore;
-  for (cd::Isa isa : {cd::Isa::sse2, cd::Isa::avx2, cd::Isa::avx512}) {
-    if (!cd::supported(isa)) {
-      WARN("skipped: " << storage_name<S>() << " on " << cd::name(isa) << " (this CPU cannot run it)");
-      continue;
-    }
-    cd::select(isa);
-    INFO("instruction set " << cd::name(isa));
-#else
-  if (std::is_same<S, bfloat16>::value && on_amx()) {
-    WARN("skipped: this build's bfloat16 kernels are AMX's, whose products are not the float call's");
-  } else {
-#endif
+  for_each_vector_isa<S>(storage_name<S>(), "this build's bfloat16 kernels are AMX's, whose products are not the "
+                         "float call's", [&] {
     for (const continuum::Kernel kernel : kernels) {
       Case<float> c;
       c.B = 1;
@@ -429,7 +442,7 @@ TEMPLATE_TEST_CASE("16-bit storage: the forward reads keys and values as stored,
       CHECK(wrong == 0);
       CHECK(bitwise_equal(lse, c.lse));
     }
-  }
+  });
 }
 
 TEST_CASE("bfloat16 on AMX: concentrated attention, decode rows, FP state and tile state", "[operator][bfloat16]") {
@@ -553,20 +566,8 @@ void check_exact_through_softmax(const std::vector<S>& v, index_t L, index_t Dv)
   std::vector<S> q(std::size_t(L), S(0.0f)), o(std::size_t(L * Dv));
   std::vector<float> lse(static_cast<std::size_t>(L));
   using CV = continuum::TensorView<const S>;
-#if defined(CONTINUUM_CPU_DISPATCH)
-  RestoreIsa restore;
-  for (cd::Isa isa : {cd::Isa::sse2, cd::Isa::avx2, cd::Isa::avx512}) {
-    if (!cd::supported(isa)) {
-      WARN("skipped: " << type << " conversions on " << cd::name(isa) << " (this CPU cannot run it)");
-      continue;
-    }
-    cd::select(isa);
-    INFO("instruction set " << cd::name(isa));
-#else
-  if (std::is_same<S, bfloat16>::value && on_amx()) {
-    WARN("skipped: this build's kernels are AMX's, which flush denormal bfloat16 inputs");
-  } else {
-#endif
+  const std::string what = std::string(type) + " conversions";
+  for_each_vector_isa<S>(what.c_str(), "this build's kernels are AMX's, which flush denormal bfloat16 inputs", [&] {
     for (const index_t right : {index_t(0), index_t(1)}) {
       continuum::ForwardArgs<S> a;
       a.query = CV::bhsd(q.data(), 1, 1, L, 1);
@@ -596,7 +597,7 @@ void check_exact_through_softmax(const std::vector<S>& v, index_t L, index_t Dv)
       INFO((right == 0 ? "one key: every value" : "two keys: ties between neighbours"));
       CHECK(wrong == 0);
     }
-  }
+  });
 }
 
 }  // namespace
