@@ -107,7 +107,7 @@ TEMPLATE_TEST_CASE("tiled backward matches the reference across tile boundaries"
 
 TEST_CASE("tiled kernels: bitwise independent of the thread count", "[operator][tiled]") {
   for (bool fa : {false, true}) {
-    std::vector<float> o1, dq1, dk1;
+    std::vector<float> o1, l1, dq1, dk1, dv1;
     for (int threads : {1, 2, 3}) {
       Case<float> c;
       setup(c, 0, 1, 0, 99);
@@ -116,13 +116,17 @@ TEST_CASE("tiled kernels: bitwise independent of the thread count", "[operator][
       run_backward(c, fa);
       if (threads == 1) {
         o1 = c.o.contiguous();
+        l1 = c.lse;
         dq1 = c.dq.contiguous();
         dk1 = c.dk.contiguous();
+        dv1 = c.dv.contiguous();
       } else {
         INFO("threads " << threads << " float_arithmetic " << fa);
-        CHECK(c.o.contiguous() == o1);
-        CHECK(c.dq.contiguous() == dq1);
-        CHECK(c.dk.contiguous() == dk1);
+        CHECK(bitwise_equal(c.o.contiguous(), o1));
+        CHECK(bitwise_equal(c.lse, l1));
+        CHECK(bitwise_equal(c.dq.contiguous(), dq1));
+        CHECK(bitwise_equal(c.dk.contiguous(), dk1));
+        CHECK(bitwise_equal(c.dv.contiguous(), dv1));
       }
     }
   }
@@ -160,7 +164,7 @@ TEST_CASE("tiled kernels: every thread runs in the caller's rounding mode and fl
 #endif
   for (const Mode& m : modes)
     for (bool fa : {false, true}) {
-      std::vector<float> o1, dq1, dk1, dv1;
+      std::vector<float> o1, l1, dq1, dk1, dv1;
       for (int threads : {1, 2, 3}) {
         Case<float> c;
         setup(c, 0, 1, 0, 99);
@@ -185,14 +189,16 @@ TEST_CASE("tiled kernels: every thread runs in the caller's rounding mode and fl
 #endif
         if (threads == 1) {
           o1 = c.o.contiguous();
+          l1 = c.lse;
           dq1 = c.dq.contiguous();
           dk1 = c.dk.contiguous();
           dv1 = c.dv.contiguous();
         } else {
-          CHECK(c.o.contiguous() == o1);
-          CHECK(c.dq.contiguous() == dq1);
-          CHECK(c.dk.contiguous() == dk1);
-          CHECK(c.dv.contiguous() == dv1);
+          CHECK(bitwise_equal(c.o.contiguous(), o1));
+          CHECK(bitwise_equal(c.lse, l1));
+          CHECK(bitwise_equal(c.dq.contiguous(), dq1));
+          CHECK(bitwise_equal(c.dk.contiguous(), dk1));
+          CHECK(bitwise_equal(c.dv.contiguous(), dv1));
         }
       }
     }
