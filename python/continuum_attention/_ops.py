@@ -241,8 +241,9 @@ def attention(
             ``compute="float32"`` with float64 storage, ``compute="float64"``
             on CUDA. Messages from the C++ library start
             with "continuum::attention_forward:" and name the argument.
-        TypeError: a non-tensor query/key/value, or a bad option type
-            (e.g. a non-string ``compute``).
+        TypeError: a non-tensor query/key/value, or a bad option type: a
+            non-bool ``causal``, a ``window`` that is not two ints, a
+            non-number ``scale`` or ``temperature``, a non-string ``compute``.
         NotImplementedError: a device without a kernel (CUDA unless built with
             CONTINUUM_ATTENTION_CUDA=ON).
 
@@ -288,11 +289,16 @@ def attention(
     _check_inputs(query, key, value)
     if kernel not in _KERNELS:
         raise ValueError(f"continuum_attention: kernel must be one of {_KERNELS}, got {kernel!r}")
-    try:
-        window_left, window_right = (int(w) for w in window)
-    except (TypeError, ValueError):
+    if not isinstance(causal, bool):
+        raise TypeError(f"continuum_attention: causal must be a bool, got {type(causal).__name__}")
+    if not (isinstance(window, (tuple, list)) and len(window) == 2
+            and all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window)):
         raise TypeError(f"continuum_attention: window must be a pair of ints (left, right), "
-                        f"got {window!r}") from None
+                        f"got {window!r}")
+    window_left, window_right = (int(w) for w in window)
+    if not all(-2**63 <= w < 2**63 for w in (window_left, window_right)):
+        raise ValueError(f"continuum_attention: window bounds must fit in 64 bits (a negative "
+                         f"bound is unlimited), got {window!r}")
     range_lo = range_hi = None
     if ranges is not None:
         if not (isinstance(ranges, (tuple, list)) and len(ranges) == 2
@@ -308,9 +314,12 @@ def attention(
         raise TypeError(f"continuum_attention: temperature must be a number or a tensor, "
                         f"got {type(temperature).__name__}")
     if scale is not None:
+        if not isinstance(scale, numbers.Real) or isinstance(scale, bool):
+            raise TypeError(f"continuum_attention: scale must be None or a number, "
+                            f"got {type(scale).__name__}")
         scale = float(scale)
     compute = _check_compute(compute, query)
     out, lse = torch.ops.continuum.forward(
-        query, key, value, kernel, bool(causal), window_left, window_right, range_lo, range_hi,
+        query, key, value, kernel, causal, window_left, window_right, range_lo, range_hi,
         temp_tensor, temp_value, scale, compute)
     return (out, lse) if return_lse else out

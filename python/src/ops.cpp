@@ -37,6 +37,9 @@
 #include "cuda_entry.hpp"
 #endif
 
+#include <array>
+#include <cmath>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -145,11 +148,19 @@ using storage_t = typename storage<T>::type;
 static_assert(sizeof(c10::BFloat16) == sizeof(continuum::bfloat16), "bfloat16 layouts differ");
 static_assert(sizeof(c10::Half) == sizeof(continuum::float16), "float16 layouts differ");
 
+/// The strides the library sees for t ([B, H, L, D]): t's own, with 1 for a
+/// length-1 last axis, and a contiguous tensor's for a tensor without
+/// elements, whose strides address nothing (autograd hands `.sum()`'s
+/// gradient of an empty output in expanded, with stride 0).
+std::array<int64_t, 4> strides_of(const Tensor& t) {
+  if (t.numel() == 0) return {t.size(1) * t.size(2) * t.size(3), t.size(2) * t.size(3), t.size(3), 1};
+  return {t.stride(0), t.stride(1), t.stride(2), t.size(3) == 1 ? 1 : t.stride(3)};
+}
+
 template <class T>
 continuum::TensorView<T> view(const Tensor& t) {
-  const index_t sd = t.size(3) == 1 ? 1 : t.stride(3);
-  return {static_cast<T*>(t.data_ptr()), t.size(0), t.size(1), t.size(2), t.size(3),
-          t.stride(0), t.stride(1), t.stride(2), sd};
+  const std::array<int64_t, 4> s = strides_of(t);
+  return {static_cast<T*>(t.data_ptr()), t.size(0), t.size(1), t.size(2), t.size(3), s[0], s[1], s[2], s[3]};
 }
 
 /// Everything that is not a tensor being differentiated: resolved once,
@@ -219,6 +230,17 @@ Options make_options(const Tensor& q, std::string_view kernel, bool causal, int6
       o.temperature_value = o.temperature.item<double>();
   } else {
     o.temperature_value = temperature_value;
+    // A number the call's float32 temperature (16-bit and float32 queries)
+    // cannot hold is named as given, not as the 0 or inf it would round to.
+    // (Non-positive and non-finite numbers: the library's own check.)
+    const float f = static_cast<float>(temperature_value);
+    TORCH_CHECK_VALUE(accum_type(q.scalar_type()) != at::kFloat || !(std::isfinite(temperature_value) &&
+                                                                     temperature_value > 0) ||
+                          (std::isfinite(f) && f > 0),
+                      kWho, ": temperature ", temperature_value, " is outside float32's range (",
+                      std::numeric_limits<float>::denorm_min(), " to ", std::numeric_limits<float>::max(),
+                      "): with a ", q.scalar_type(), " query the temperature is float32",
+                      q.device().is_cpu() ? "; float64 inputs have a float64 one" : "");
   }
   o.scale = scale;
   return o;
@@ -290,10 +312,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(
   check_qkv(query, key, value);
   check_tensor(out, "out", 4, query);
   check_tensor(grad_out_in, "grad_out", 4, query);
-  TORCH_CHECK_VALUE(lse.defined() && lse.dim() == 3 && lse.device() == query.device() &&
-                        lse.scalar_type() == accum_type(query.scalar_type()),
-                    kWho, ": lse must be the forward's [B, Hq, Lq] ", accum_type(query.scalar_type()),
-                    " tensor on ", query.device());
+  TORCH_CHECK_VALUE(lse.defined() && lse.dim() == 3 && lse.size(0) == query.size(0) &&
+                        lse.size(1) == query.size(1) && lse.size(2) == query.size(2) &&
+                        lse.device() == query.device() && lse.scalar_type() == accum_type(query.scalar_type()),
+                    kWho, ": lse must be the forward's [B, Hq, Lq] = [", query.size(0), ", ", query.size(1), ", ",
+                    query.size(2), "] ", accum_type(query.scalar_type()), " tensor on ", query.device(), ", got ",
+                    lse.defined() ? lse.sizes() : at::IntArrayRef{}, " ", lse.defined() ? lse.scalar_type() : at::kFloat);
   const continuum::Compute compute_type = parse_compute(std::string_view(compute.data(), compute.size()),
                                               query.scalar_type(), /*cuda=*/false);
   // Autograd hands in expanded (stride-0) or transposed gradients; the library
@@ -339,8 +363,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(
 namespace ce = cuda_entry;
 
 ce::View raw_view(const Tensor& t) {
-  return {t.data_ptr(), t.size(0), t.size(1), t.size(2), t.size(3),
-          t.stride(0), t.stride(1), t.stride(2), t.size(3) == 1 ? 1 : t.stride(3)};
+  const std::array<int64_t, 4> s = strides_of(t);
+  return {t.data_ptr(), t.size(0), t.size(1), t.size(2), t.size(3), s[0], s[1], s[2], s[3]};
 }
 
 ce::Common raw_common(const Tensor& q, const Options& o) {
@@ -397,8 +421,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cuda(
   parse_compute(std::string_view(compute.data(), compute.size()), query.scalar_type(), /*cuda=*/true);
   check_tensor(out, "out", 4, query);
   check_tensor(grad_out_in, "grad_out", 4, query);
-  TORCH_CHECK_VALUE(lse.dim() == 3 && lse.scalar_type() == at::kFloat && lse.device() == query.device(),
-                    kWho, ": lse must be the forward's float32 [B, Hq, Lq] on the query's device");
+  TORCH_CHECK_VALUE(lse.defined() && lse.dim() == 3 && lse.size(0) == query.size(0) &&
+                        lse.size(1) == query.size(1) && lse.size(2) == query.size(2) &&
+                        lse.scalar_type() == at::kFloat && lse.device() == query.device(),
+                    kWho, ": lse must be the forward's float32 [B, Hq, Lq] = [", query.size(0), ", ",
+                    query.size(1), ", ", query.size(2), "] on the query's device");
   const c10::cuda::CUDAGuard guard(query.device());
   const Tensor grad_out =
       grad_out_in.size(3) > 1 && grad_out_in.stride(3) != 1 ? grad_out_in.contiguous() : grad_out_in;

@@ -153,3 +153,70 @@ def test_bad_compute_direct_op():
         with pytest.raises(ValueError, match=match):
             torch.ops.continuum.backward(out, q, k, v, out, lse, "continuum", False, -1, -1, None,
                                          None, None, 1.0, None, bad)
+
+
+def test_option_types_are_not_coerced():
+    """A bad option type raises TypeError (was: window=(1.5, 0) ran as (1, 0),
+    window="12" as (1, 2), causal="no" as causal, scale="0.5" as 0.5)."""
+    for window in ((1.5, 0), "12", (1,), (1, 2, 3), (True, 0), (None, 0), (float("inf"), 0)):
+        raises(TypeError, r"window must be a pair of ints \(left, right\)",
+               lambda q, k, v: ca.attention(q, k, v, window=window))
+    raises(ValueError, r"window bounds must fit in 64 bits",
+           lambda q, k, v: ca.attention(q, k, v, window=(2**70, 0)))
+    for causal in ("no", 1, None):
+        raises(TypeError, r"causal must be a bool", lambda q, k, v: ca.attention(q, k, v, causal=causal))
+    for scale in ("0.5", True, torch.tensor(0.5)):
+        raises(TypeError, r"scale must be None or a number", lambda q, k, v: ca.attention(q, k, v, scale=scale))
+    # the accepted forms still run: a list pair, ints of other types
+    q, k, v = qkv()
+    ref = ca.attention(q, k, v, window=(2, 1), scale=0.5)
+    assert torch.equal(ca.attention(q, k, v, window=[2, 1], scale=0.5), ref)
+    import numpy as np
+    assert torch.equal(ca.attention(q, k, v, window=(np.int64(2), np.int32(1)), scale=np.float64(0.5)), ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_temperature_beyond_float32(dtype):
+    """A number temperature that the call's float32 temperature cannot hold is
+    named as given (was: "got 0" for 1e-300, "got inf" for 1e300); float64
+    calls take it (their temperature is float64)."""
+    for tau, shown in ((1e-300, "1e-300"), (1e300, "1e\\+300")):
+        raises(ValueError, rf"temperature {shown} is outside float32's range",
+               lambda q, k, v: ca.attention(q.to(dtype), k.to(dtype), v.to(dtype), temperature=tau))
+    q, k, v = qkv()
+    out = ca.attention(q, k, v, temperature=1e-300)
+    assert torch.isfinite(out).all()
+    # the smallest float32 subnormal is a valid float32 temperature
+    out = ca.attention(q.to(dtype), k.to(dtype), v.to(dtype), temperature=1e-45)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 0, 4), (0, 2, 3, 4), (1, 0, 3, 4)])
+def test_empty_query_backward(shape):
+    """No query rows: .sum().backward() hands in an expanded (stride-0) empty
+    gradient, which is no stride error (was: "grad_out: the dim (last) axis
+    must be contiguous ... got 0"); dK, dV and dτ are zero (README, W04)."""
+    B_, Hq, Lq, D_ = shape
+    Hk = min(Hq, 1)
+    q = torch.randn(B_, Hq, Lq, D_, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(B_, Hk, 5, D_, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(B_, Hk, 5, 3, dtype=torch.float64, requires_grad=True)
+    tau = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
+    ca.attention(q, k, v, temperature=tau).sum().backward()
+    assert q.grad.shape == q.shape
+    assert torch.equal(k.grad, torch.zeros_like(k)) and torch.equal(v.grad, torch.zeros_like(v))
+    assert tau.grad.item() == 0.0
+    # an expanded empty query is no stride error either
+    qe = torch.randn(1, 1, 1, D_, dtype=torch.float64).expand(B_, Hq, Lq, D_)
+    assert ca.attention(qe, k.detach(), v.detach()).shape == (B_, Hq, Lq, 3)
+
+
+def test_backward_checks_lse_shape():
+    """The C++ backward reads lse [B, Hq, Lq]: a wrong-sized one is an error,
+    never an out-of-bounds read (direct callers of torch.ops.continuum.backward)."""
+    q, k, v = qkv()
+    args = ("continuum", False, -1, -1, None, None, None, 1.0, None)
+    out, lse = torch.ops.continuum.forward(q, k, v, *args)
+    for bad in (lse[:, :, :2], lse[:1], lse.reshape(B, H * L, 1)):
+        with pytest.raises(ValueError, match=r"lse must be the forward's \[B, Hq, Lq\] = \[2, 4, 6\]"):
+            torch.ops.continuum.backward(out, q, k, v, out, bad, *args)
