@@ -244,6 +244,21 @@ Problem validate(const Options& o) {
         throw NpyError(t.path, "temperature must be finite and > 0; element " + std::to_string(i) +
                                    " is " + std::to_string(p.tau[i]));
   }
+  // The temperature is float32 unless the storage is float64 (accum_t): a
+  // value that float32 rounds to 0 or inf is an error naming where it came
+  // from, not the library's "got 0" about a value the caller never passed.
+  if (p.storage != DType::f64)
+    for (std::size_t i = 0; i < p.tau.size(); ++i) {
+      const float f = static_cast<float>(p.tau[i]);
+      if (std::isfinite(f) && f > 0) continue;
+      char value[32], why[160];
+      std::snprintf(value, sizeof value, "%.9g", p.tau[i]);
+      std::snprintf(why, sizeof why, " is outside float32's range (%.3g to %.3g), and the temperature is float32 "
+                    "for %s storage; use --dtype float64", double(std::numeric_limits<float>::denorm_min()),
+                    double(std::numeric_limits<float>::max()), attn::dtype_name(p.storage));
+      if (parse_number(o.temperature)) throw UsageError("--temperature " + o.temperature + why);
+      throw NpyError(o.temperature, "temperature element " + std::to_string(i) + ": " + value + why);
+    }
 
   if (o.scale_given) {
     if (!(std::isfinite(o.scale) && o.scale > 0))
@@ -258,6 +273,7 @@ Problem validate(const Options& o) {
     p.window_left = o.window - 1;
     p.window_right = 0;
   }
+  if (o.threads < 0) throw UsageError("--threads must be ≥ 0 (0 = OpenMP's default), got " + std::to_string(o.threads));
   p.threads = o.threads;
   p.probs = o.probs;
 

@@ -616,6 +616,12 @@ TEST_CASE("bad input: one line naming the file, non-zero exit, no output written
       {"tau < 0", [](const fs::path&) {}, "--temperature -1", "--temperature"},
       {"tau file with a zero", [&](const fs::path& d) { write_file(d / "tau.npy", npy_bytes<double>({1, 0, 1}, {3})); }, "--temperature DIR/tau.npy", "tau.npy"},
       {"tau file with a NaN", [&](const fs::path& d) { write_file(d / "tau.npy", npy_bytes<double>({1, std::nanl(""), 1}, {3})); }, "--temperature DIR/tau.npy", "tau.npy"},
+      // float32, bfloat16 and float16 storage have a float32 temperature: a
+      // value float32 cannot hold is named as given (was: the library's
+      // "got 0" or "got inf", exit 1, naming neither option nor file).
+      {"tau below float32", [](const fs::path&) {}, "--dtype float32 --temperature 1e-300", "--temperature 1e-300 is outside float32's range"},
+      {"tau above float32", [](const fs::path&) {}, "--dtype bfloat16 --temperature 1e300", "--temperature 1e300 is outside float32's range"},
+      {"tau file beyond float32", [&](const fs::path& d) { write_file(d / "tau.npy", npy_bytes<double>({1, 1e-300L, 1}, {3})); }, "--dtype float16 --temperature DIR/tau.npy", "tau.npy: temperature element 1: 1e-300 is outside"},
       {"range beyond seq_k", [&](const fs::path& d) {
          write_file(d / "lo.npy", npy_bytes<std::int64_t>({0, 0, 0}, {3}));
          write_file(d / "hi.npy", npy_bytes<std::int64_t>({5, 6, 5}, {3})); }, "--ranges DIR/lo.npy DIR/hi.npy", "hi.npy"},
@@ -712,7 +718,8 @@ TEST_CASE("bad command line: status 2, a device or folder as input, a folder in 
       "--q " + d + "/q.npy --k " + d + "/k.npy --v " + d + "/v.npy --do " + d + "/do.npy ";
   const std::vector<std::string> usage{"--window 1.5", "--kernel foo", "--ranges " + d + "/q.npy", "--bogus",
                                        "--window 3 --window-left 1", "--compute float16",
-                                       "--compute float32 --dtype float64", "--compute float32"};
+                                       "--compute float32 --dtype float64", "--compute float32", "--threads -1",
+                                       "--dtype float32 --temperature 1e-300"};
   for (const std::string& bad : usage) {
     const Run r = run_tool(dir, inputs + bad + " --out " + d + "/out");
     INFO(bad << " stderr: " << r.err);
@@ -728,6 +735,12 @@ TEST_CASE("bad command line: status 2, a device or folder as input, a folder in 
     CHECK(r.rc == 2);
     CHECK(r.err.find("--compute float32") != std::string::npos);
     CHECK(r.err.find("--dtype") != std::string::npos);
+  }
+  {  // float64 storage has a float64 temperature: 1e-300 is a valid one there
+    const Run r = run_tool(dir, inputs + "--temperature 1e-300 --out " + d + "/out");
+    INFO("stderr: " << r.err);
+    CHECK(r.rc == 0);
+    fs::remove_all(dir / "out");
   }
   for (const std::string bad : {"/dev/zero", "/tmp"}) {  // was: read until killed (/dev/zero)
     const Run r = run_tool(dir, "--q " + bad + " --k " + d + "/k.npy --v " + d + "/v.npy --out " + d + "/out");
