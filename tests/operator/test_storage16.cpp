@@ -641,3 +641,59 @@ TEST_CASE("bfloat16 storage: every finite bfloat16 value goes through a call exa
     }
   check_exact_through_softmax(v, L, Dv);
 }
+
+TEMPLATE_TEST_CASE("16-bit storage: every key value the float kernels take is widened exactly, on every instruction "
+                   "set (the key tile's in-register widening)",
+                   "[operator][bfloat16][float16]", bfloat16, float16) {
+  // The forward widens a 16-bit key tile in registers as it transposes it
+  // (tiled.hpp, load_float), and the magnitude pass reads 16-bit rows the
+  // same way. Through a softmax call in which query i sees key i only
+  // (window (0, 0)) and is the one-hot e_c (scale 1, τ 1), lse_i is the score
+  // k_i[c] itself: m = s, l = e^0 = 1, and the score's multiply-adds add only
+  // zeros to k_i[c]. So every key value must come back as lse, bit for bit
+  // (−0 as +0). Keys hold every 16-bit pattern of magnitude below 64,
+  // denormals included (rows of larger values would be declined to double,
+  // whose path widens its own copies, see the conversion tests above), in
+  // rows of head_dim 64 (whole vectors on every instruction set); 64 calls
+  // move the one-hot column over all of them.
+  using S = TestType;
+  constexpr index_t L = 1024, D = 64;
+  const std::uint16_t below64 = std::is_same<S, bfloat16>::value ? 0x4280 : 0x5400;  // the bits of 64
+  std::vector<S> k(std::size_t(L * D), S(0.0f));
+  std::size_t n = 0;
+  for (std::uint32_t sign : {0u, 0x8000u})
+    for (std::uint32_t b = 0; b < below64; ++b) k[n++] = Eigen::numext::bit_cast<S>(std::uint16_t(sign | b));
+  REQUIRE(n <= k.size());
+  std::vector<S> q(static_cast<std::size_t>(L * D)), v(static_cast<std::size_t>(L), S(1.0f)),
+      o(static_cast<std::size_t>(L));
+  std::vector<float> lse(static_cast<std::size_t>(L));
+  using CV = continuum::TensorView<const S>;
+  for_each_vector_isa<S>(storage_name<S>(), "this build's bfloat16 kernels are AMX's, which flush denormal inputs",
+                         [&] {
+    std::size_t wrong = 0;
+    for (index_t shift = 0; shift < D; ++shift) {
+      for (index_t i = 0; i < L; ++i)
+        for (index_t d = 0; d < D; ++d) q[std::size_t(i * D + d)] = S((i + shift) % D == d ? 1.0f : 0.0f);
+      continuum::ForwardArgs<S> a;
+      a.query = CV::bhsd(q.data(), 1, 1, L, D);
+      a.key = CV::bhsd(k.data(), 1, 1, L, D);
+      a.value = CV::bhsd(v.data(), 1, 1, L, 1);
+      a.out = continuum::TensorView<S>::bhsd(o.data(), 1, 1, L, 1);
+      a.lse = lse.data();
+      a.kernel = continuum::Kernel::softmax;
+      a.scale = 1.0;
+      a.visibility.window_left = 0;
+      a.visibility.window_right = 0;
+      continuum::attention_forward(continuum::cpu, a);
+      for (index_t i = 0; i < L; ++i) {
+        const float want = float(k[std::size_t(i * D + (i + shift) % D)]);
+        const bool same = want == 0.0f ? lse[std::size_t(i)] == 0.0f
+                                       : std::memcmp(&want, &lse[std::size_t(i)], sizeof want) == 0;
+        if (!same && wrong++ < 5)
+          UNSCOPED_INFO("key " << i << " column " << (i + shift) % D << ": lse " << lse[std::size_t(i)]
+                               << " for the key value " << want);
+      }
+    }
+    CHECK(wrong == 0);
+  });
+}

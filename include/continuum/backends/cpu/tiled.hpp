@@ -50,9 +50,10 @@
 // forward's S and P·V and the backward's S and dP products run on AMX-BF16
 // tiles (amx.hpp, MATH.md §10, "bfloat16 on AMX"), the rest as above.
 // 16-bit keys and values (KeyValue<S>, S = bfloat16 or float16) are read by
-// the forward in their storage type: each tile's rows are widened into the
-// workspace (exactly) where the tile is packed, so that a decode step never
-// copies its whole KV cache to float; the products see the same floats.
+// the forward in their storage type, so that a decode step never copies its
+// whole KV cache to float: a key tile is widened in registers (exactly) as it
+// is transposed, a value tile into the workspace, and the magnitude pass
+// widens in registers too; the products see the same floats.
 //
 // GQA: query head h reads key/value head h / (Hq / Hk) through the views, no copy.
 // OpenMP: one parallel region per call, never nested (serial when called from
@@ -116,33 +117,72 @@ inline constexpr index_t kPad = kLanes<T>;
 
 inline index_t round_up(index_t n, index_t m) { return (n + m - 1) / m * m; }
 
-/// dst (cols × ldd, row-major) = rowsᵀ: dst[d·ldd + c] = src[c·lds + d] for
-/// c < n, and 0 for n ≤ c < ldd (padding up to the vector width).
-template <class T>
-inline void pack_transposed(const T* src, index_t lds, index_t n, index_t cols, T* dst, index_t ldd) {
+#if defined(CONTINUUM_CPU_SIMD)
+/// The W = Simd<float>::W floats at p, or W 16-bit values (bfloat16,
+/// float16) widened to float in registers, exactly: the values convert_n
+/// gives (storage16.hpp), without a store and a reload.
+template <class S>
+inline typename Simd<float>::v load_float(const S* p) {
+  using V = typename Simd<float>::v;
+  constexpr int W = Simd<float>::W;
+  if constexpr (std::is_same<S, float>::value) {
+    return Simd<float>::load(p);
+  } else if constexpr (std::is_same<S, bfloat16>::value) {
+    // each 16-bit pattern becomes the high half of a float whose low half is 0
+    typedef std::uint16_t H __attribute__((vector_size(2 * W), aligned(2), may_alias));
+    typedef std::uint32_t U __attribute__((vector_size(4 * W)));
+    return (V)(__builtin_convertvector(*reinterpret_cast<const H*>(p), U) << 16);
+  } else {
+    static_assert(std::is_same<S, float16>::value, "load_float: float, bfloat16 or float16");
+#  if defined(__AVX512F__)
+    if constexpr (W == 16) return (V)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#  endif
+#  if defined(__F16C__)
+    if constexpr (W == 8) return (V)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    if constexpr (W == 4) return (V)_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+#  endif
+    V x;  // no F16C (the sse2 kernels): Eigen's scalar conversion
+    for (int i = 0; i < W; ++i) x[i] = float(p[i]);
+    return x;
+  }
+}
+#endif
+
+/// dst (cols × ldd, row-major) = rowsᵀ: dst[d·ldd + c] = T(src[c·lds + d]) for
+/// c < n, and 0 for n ≤ c < ldd (padding up to the vector width). Rows stored
+/// in bfloat16 or float16 (T = float) are widened in registers, exactly.
+template <class T, class S>
+inline void pack_transposed(const S* src, index_t lds, index_t n, index_t cols, T* dst, index_t ldd) {
+  static_assert(std::is_same<S, T>::value || (std::is_same<T, float>::value && is_storage16_v<S>),
+                "pack_transposed: rows of T, or 16-bit rows packed as float");
   index_t c = 0;
 #if defined(CONTINUUM_CPU_SIMD)
   // W × W blocks transposed in registers (a scalar transpose costs about as
   // much as a tenth of the tile's score product).
   if constexpr (kVector<T>) {
-  using S = Simd<T>;
-  constexpr int W = S::W;
+  using V = Simd<T>;
+  constexpr int W = V::W;
   const index_t cols_w = cols / W * W;
   for (; c + W <= n; c += W) {
     for (index_t d = 0; d < cols_w; d += W) {
-      typename S::v r[W];
-      for (int i = 0; i < W; ++i) r[i] = S::load(src + (c + i) * lds + d);
+      typename V::v r[W];
+      for (int i = 0; i < W; ++i) {
+        if constexpr (std::is_same<S, T>::value)
+          r[i] = V::load(src + (c + i) * lds + d);
+        else
+          r[i] = load_float(src + (c + i) * lds + d);
+      }
       transpose_block<T>(r);
-      for (int i = 0; i < W; ++i) S::store(dst + (d + i) * ldd + c, r[i]);
+      for (int i = 0; i < W; ++i) V::store(dst + (d + i) * ldd + c, r[i]);
     }
     for (index_t d = cols_w; d < cols; ++d)
-      for (int i = 0; i < W; ++i) dst[d * ldd + c + i] = src[(c + i) * lds + d];
+      for (int i = 0; i < W; ++i) dst[d * ldd + c + i] = T(src[(c + i) * lds + d]);
   }
   }
 #endif
   for (index_t d = 0; d < cols; ++d) {
     T* out = dst + d * ldd;
-    for (index_t k = c; k < n; ++k) out[k] = src[k * lds + d];
+    for (index_t k = c; k < n; ++k) out[k] = T(src[k * lds + d]);
     std::fill(out + std::max(c, n), out + ldd, T(0));
   }
 }
@@ -393,14 +433,34 @@ using BoundType = std::conditional_t<std::is_same<T, float>::value, float, Measu
 /// ‖x‖₂² of one row in A (one multiply-add per element), and whether the row
 /// holds a NaN or an Inf: the elements are checked only when the sum is not
 /// finite (then it is +inf for finite rows whose sum overflowed A).
+/// Rows stored in bfloat16 or float16 are widened in registers (load_float).
 template <class A, class T>
 inline A row_norm2(const T* x, index_t n, bool& bad) {
   A ss = A(0);
+  index_t d = 0;
+#if defined(CONTINUUM_CPU_SIMD)
+  if constexpr (std::is_same<A, float>::value && (std::is_same<T, float>::value || is_storage16_v<T>)) {
+    using V = typename Simd<float>::v;
+    constexpr int W = Simd<float>::W;
+    V s0 = {}, s1 = {};  // two chains: a 64-float row is 8 dependent additions, not 16
+    for (; d + 2 * W <= n; d += 2 * W) {
+      const V u = load_float(x + d), v = load_float(x + d + W);
+      s0 += u * u;
+      s1 += v * v;
+    }
+    if (d + W <= n) {
+      const V u = load_float(x + d);
+      s0 += u * u;
+      d += W;
+    }
+    ss = hsum<float>(s0 + s1);
+  }
+#endif
 #pragma omp simd reduction(+ : ss)
-  for (index_t d = 0; d < n; ++d) ss += A(x[d]) * A(x[d]);
+  for (index_t e = d; e < n; ++e) ss += A(x[e]) * A(x[e]);
   bad = false;
   if (ss <= std::numeric_limits<A>::max()) return ss;
-  for (index_t d = 0; d < n; ++d) bad = bad || !std::isfinite(x[d]);
+  for (index_t e = 0; e < n; ++e) bad = bad || !std::isfinite(A(x[e]));
   return std::numeric_limits<A>::infinity();
 }
 
@@ -412,7 +472,6 @@ template <class A>
 struct KeyMagnitudes {
   std::vector<A> kn, vn, kn_blk, vn_blk;
   std::vector<char> bad, bad_blk;
-  std::vector<float> wide;  // 16-bit key and value rows in float, kBc keys
   template <class T>
   void build(const TensorView<const T>& key, const TensorView<const T>& value, index_t b, index_t hk) {
     const index_t Lk = key.seq, nb = (Lk + kBc - 1) / kBc;
@@ -422,27 +481,13 @@ struct KeyMagnitudes {
     kn_blk.assign(std::size_t(nb), A(0));
     vn_blk.assign(std::size_t(nb), A(0));
     bad_blk.assign(std::size_t(nb), 0);
-    // 16-bit rows are widened first, exactly, a block of kBc keys at a time
-    // (reading a row back right after its conversion stalled on store
-    // forwarding: 16-byte stores, 32-byte loads).
-    if constexpr (is_storage16_v<T>) wide.resize(std::size_t(kBc * (key.dim + value.dim)));
+    // (16-bit rows are widened in registers: converting them to memory and
+    // reading them back had stalled on store forwarding, 16-byte stores and
+    // 32-byte loads.)
     for (index_t j = 0; j < Lk; ++j) {
       bool kb, vb;
-      if constexpr (is_storage16_v<T>) {
-        float* wk = wide.data();  // null only when D = Dv = 0 (every offset 0)
-        float* wv = wk + kBc * key.dim;
-        const index_t jb = j % kBc;
-        if (jb == 0)
-          for (index_t t = j; t < std::min(Lk, j + kBc); ++t) {
-            convert_n(key.row(b, hk, t), wk + (t - j) * key.dim, key.dim);
-            convert_n(value.row(b, hk, t), wv + (t - j) * value.dim, value.dim);
-          }
-        kn[j] = row_norm2<A>(wk + jb * key.dim, key.dim, kb);
-        vn[j] = row_norm2<A>(wv + jb * value.dim, value.dim, vb);
-      } else {
-        kn[j] = row_norm2<A>(key.row(b, hk, j), key.dim, kb);
-        vn[j] = row_norm2<A>(value.row(b, hk, j), value.dim, vb);
-      }
+      kn[j] = row_norm2<A>(key.row(b, hk, j), key.dim, kb);
+      vn[j] = row_norm2<A>(value.row(b, hk, j), value.dim, vb);
       bad[j] = char(kb || vb);
       kn_blk[j / kBc] = std::max(kn_blk[j / kBc], kn[j]);
       vn_blk[j / kBc] = std::max(vn_blk[j / kBc], vn[j]);
@@ -839,18 +884,15 @@ struct ForwardWorkspace {
   std::vector<T> c, halo;
   std::vector<char> seen;
   std::vector<int> cover;
-  // Keys and values stored in another type than T (KeyValue<S>): the tile's
-  // key rows (kBc × D) and value rows (the halo key's and the tile's,
-  // (kBc + 1) × Dv) widened to T.
-  std::vector<T> kstage, vstage;
+  // Values stored in another type than T (KeyValue<S>): the value rows of
+  // the halo key and the tile, (kBc + 1) × Dv, widened to T (the key tile is
+  // widened where it is transposed into kt).
+  std::vector<T> vstage;
   /// rows: the most query rows of one task (≤ kBr; a decode step has a few);
   /// stage: keys and values stored in another type than T.
   ForwardWorkspace(index_t D, index_t Dv, index_t rows, bool use_amx = false, bool stage = false)
       : q(rows, D), kt(D, kBc), m(rows), l(rows), range(rows), kb(rows), ke(rows), amx(use_amx) {
-    if (stage) {
-      kstage.resize(std::size_t(kBc * D));
-      vstage.resize(std::size_t((kBc + 1) * Dv));
-    }
+    if (stage) vstage.resize(std::size_t((kBc + 1) * Dv));
     const index_t nr = amx ? round_up(rows, amx::kRows) : rows;
     s = RowMatrix<T>::Zero(nr, kBc + 1 + kPad<T>);
     w.resize(nr, kBc + 1 + kPad<T>);
@@ -873,25 +915,23 @@ struct ForwardWorkspace {
 /// The keys and values a forward reads, in their storage type S: the call's
 /// own (S = T), or a 16-bit KV cache computed in float, read without a copy
 /// of the whole cache (S = bfloat16 or float16, T = float: each tile's rows
-/// are widened into the workspace where the tile is packed, exactly, so the
-/// products see the same floats as from a widened copy).
+/// are widened where the tile is packed, exactly, so the products see the
+/// same floats as from a widened copy).
 template <class S>
 struct KeyValue {
   TensorView<const S> key, value;
 };
 
 /// The key tile [k0, k0 + nc) of (b, hk) transposed into ws.kt (ncp columns,
-/// zeros past nc); and, for keys stored in S ≠ T, the value rows
-/// [max(k0 − 1, 0), k0 + nc) widened into ws.vstage (row k at k − (k0 − 1)).
+/// zeros past nc; 16-bit keys widened in registers on the way); and, for
+/// values stored in S ≠ T, the value rows [max(k0 − 1, 0), k0 + nc) widened
+/// into ws.vstage (row k at k − (k0 − 1)).
 template <class T, class S>
 void pack_tile(const KeyValue<S>& kv, index_t b, index_t hk, index_t k0, index_t nc, index_t ncp,
                ForwardWorkspace<T>& ws) {
   const index_t D = kv.key.dim, Dv = kv.value.dim;
-  if constexpr (std::is_same<S, T>::value) {
-    pack_transposed(kv.key.row(b, hk, k0), kv.key.stride_seq, nc, D, ws.kt.data(), ncp);
-  } else {
-    for (index_t j = 0; j < nc; ++j) convert_n(kv.key.row(b, hk, k0 + j), ws.kstage.data() + j * D, D);
-    pack_transposed(ws.kstage.data(), D, nc, D, ws.kt.data(), ncp);
+  pack_transposed(kv.key.row(b, hk, k0), kv.key.stride_seq, nc, D, ws.kt.data(), ncp);
+  if constexpr (!std::is_same<S, T>::value) {
     for (index_t k = std::max<index_t>(k0 - 1, 0); k < k0 + nc; ++k)
       convert_n(kv.value.row(b, hk, k), ws.vstage.data() + (k - (k0 - 1)) * Dv, Dv);
   }
