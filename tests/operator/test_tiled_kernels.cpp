@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <cfenv>
+#include <optional>
 
 #include "operator/harness.hpp"
 
@@ -47,6 +48,23 @@ void setup(Case<T>& c, int shape, int vis, int kernel, std::uint64_t salt) {
   c.alloc();
   auto rng = rng_for(salt);
   c.fill_uniform(rng);
+}
+
+/// A float call's outputs and gradients, to compare runs bit for bit.
+struct Outputs {
+  std::vector<float> o, lse, dq, dk, dv;
+  explicit Outputs(const Case<float>& c)
+      : o(c.o.contiguous()), lse(c.lse), dq(c.dq.contiguous()), dk(c.dk.contiguous()), dv(c.dv.contiguous()) {}
+};
+
+/// CHECKs that c's outputs and gradients are `first`'s, bit for bit.
+void check_bitwise_same(const Case<float>& c, const Outputs& first) {
+  const Outputs now(c);
+  CHECK(bitwise_equal(now.o, first.o));
+  CHECK(bitwise_equal(now.lse, first.lse));
+  CHECK(bitwise_equal(now.dq, first.dq));
+  CHECK(bitwise_equal(now.dk, first.dk));
+  CHECK(bitwise_equal(now.dv, first.dv));
 }
 
 }  // namespace
@@ -107,27 +125,18 @@ TEMPLATE_TEST_CASE("tiled backward matches the reference across tile boundaries"
 
 TEST_CASE("tiled kernels: bitwise independent of the thread count", "[operator][tiled]") {
   for (bool fa : {false, true}) {
-    std::vector<float> o1, l1, dq1, dk1, dv1;
+    std::optional<Outputs> first;
     for (int threads : {1, 2, 3}) {
       Case<float> c;
       setup(c, 0, 1, 0, 99);
       c.threads = threads;
       run_forward(c, fa);
       run_backward(c, fa);
-      if (threads == 1) {
-        o1 = c.o.contiguous();
-        l1 = c.lse;
-        dq1 = c.dq.contiguous();
-        dk1 = c.dk.contiguous();
-        dv1 = c.dv.contiguous();
-      } else {
-        INFO("threads " << threads << " float_arithmetic " << fa);
-        CHECK(bitwise_equal(c.o.contiguous(), o1));
-        CHECK(bitwise_equal(c.lse, l1));
-        CHECK(bitwise_equal(c.dq.contiguous(), dq1));
-        CHECK(bitwise_equal(c.dk.contiguous(), dk1));
-        CHECK(bitwise_equal(c.dv.contiguous(), dv1));
-      }
+      INFO("threads " << threads << " float_arithmetic " << fa);
+      if (threads == 1)
+        first.emplace(c);
+      else
+        check_bitwise_same(c, *first);
     }
   }
 }
@@ -164,7 +173,7 @@ TEST_CASE("tiled kernels: every thread runs in the caller's rounding mode and fl
 #endif
   for (const Mode& m : modes)
     for (bool fa : {false, true}) {
-      std::vector<float> o1, l1, dq1, dk1, dv1;
+      std::optional<Outputs> first;
       for (int threads : {1, 2, 3}) {
         Case<float> c;
         setup(c, 0, 1, 0, 99);
@@ -187,19 +196,10 @@ TEST_CASE("tiled kernels: every thread runs in the caller's rounding mode and fl
 #if defined(CONTINUUM_CPU_MXCSR)
         _mm_setcsr(restore.csr);
 #endif
-        if (threads == 1) {
-          o1 = c.o.contiguous();
-          l1 = c.lse;
-          dq1 = c.dq.contiguous();
-          dk1 = c.dk.contiguous();
-          dv1 = c.dv.contiguous();
-        } else {
-          CHECK(bitwise_equal(c.o.contiguous(), o1));
-          CHECK(bitwise_equal(c.lse, l1));
-          CHECK(bitwise_equal(c.dq.contiguous(), dq1));
-          CHECK(bitwise_equal(c.dk.contiguous(), dk1));
-          CHECK(bitwise_equal(c.dv.contiguous(), dv1));
-        }
+        if (threads == 1)
+          first.emplace(c);
+        else
+          check_bitwise_same(c, *first);
       }
     }
 }
