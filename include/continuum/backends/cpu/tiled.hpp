@@ -442,7 +442,7 @@ inline A row_norm2(const T* x, index_t n, bool& bad) {
   if constexpr (std::is_same<A, float>::value && (std::is_same<T, float>::value || is_storage16_v<T>)) {
     using V = typename Simd<float>::v;
     constexpr int W = Simd<float>::W;
-    V s0 = {}, s1 = {};  // two chains: a 64-float row is 8 dependent additions, not 16
+    V s0 = {}, s1 = {};  // two chains: half the dependent additions of one (a 64-float row, AVX2: 4, not 8)
     for (; d + 2 * W <= n; d += 2 * W) {
       const V u = load_float(x + d), v = load_float(x + d + W);
       s0 += u * u;
