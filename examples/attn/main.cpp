@@ -30,9 +30,11 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <limits>
@@ -40,6 +42,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "npy.hpp"
@@ -55,6 +58,28 @@ using continuum::index_t;
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+/// CLI11 (2.1) saturates a 64-bit integer option that overflows: 2^64 + 2
+/// would run as the largest index, i.e. as an unlimited window. This check
+/// sees the text first and rejects what the type cannot hold.
+template <class T>
+CLI::Validator in_range_of_64_bits() {
+  static_assert(sizeof(T) == 8 && std::is_integral_v<T>);
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        if constexpr (std::is_signed_v<T>)
+          static_cast<void>(std::strtoll(text.c_str(), &end, 0));
+        else
+          static_cast<void>(std::strtoull(text.c_str(), &end, 0));
+        if (errno == ERANGE)
+          return text + " is out of range: the option is " + (std::is_signed_v<T> ? "a signed" : "an unsigned") +
+                 " 64-bit integer";
+        return {};  // anything else: CLI11's own conversion decides
+      },
+      "");
+}
 
 struct Options {
   std::string q, k, v, dout, out;
@@ -275,6 +300,7 @@ Problem validate(const Options& o) {
   }
   if (o.threads < 0) throw UsageError("--threads must be ≥ 0 (0 = OpenMP's default), got " + std::to_string(o.threads));
   p.threads = o.threads;
+  if (o.print_rows < 0) throw UsageError("--print must be ≥ 0 (0 = print nothing), got " + std::to_string(o.print_rows));
   p.probs = o.probs;
 
   if (!o.ranges.empty()) {
@@ -453,10 +479,8 @@ std::vector<std::string> compute(const Problem& p, const std::string& out_dir, i
     files.push_back({"pi.npy", encode_as(cell_mass, map_shape, p.out)});
   }
 
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) throw NpyError(out_dir, "cannot create the output folder: " + ec.message());
   attn::AtomicWriter writer;
+  writer.create_folders(out_dir);
   std::vector<std::string> written;
   for (auto& f : files) {
     const std::string path = (fs::path(out_dir) / f.first).string();
@@ -496,10 +520,8 @@ void make_example(const std::string& dir, const std::vector<index_t>& shape, DTy
     return x;
   };
   namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw NpyError(dir, "cannot create the folder: " + ec.message());
   attn::AtomicWriter writer;
+  writer.create_folders(dir);
   const std::pair<const char*, std::vector<std::size_t>> arrays[] = {
       {"q.npy", {b, h, lq, d}}, {"k.npy", {b, h, lk, d}}, {"v.npy", {b, h, lk, d}},
       {"do.npy", {b, h, lq, d}}};
@@ -543,11 +565,14 @@ int main(int argc, char** argv) {
                     ->default_str("1/sqrt(head_dim)");
   app.add_flag("--causal", o.causal, "causal, bottom-right aligned (MATH.md §3)");
   auto* window = app.add_option("--window", o.window,
-                                "W keys counting the diagonal and none after it: (W - 1, 0); 0 = no window");
+                                "W keys counting the diagonal and none after it: (W - 1, 0); 0 = no window")
+                   ->check(in_range_of_64_bits<index_t>());
   auto* left = app.add_option("--window-left", o.window_left,
-                              "sliding window: keys up to L before the diagonal key (negative = unlimited)");
+                              "sliding window: keys up to L before the diagonal key (negative = unlimited)")
+                   ->check(in_range_of_64_bits<index_t>());
   auto* right = app.add_option("--window-right", o.window_right,
-                               "sliding window: keys up to R after the diagonal key (negative = unlimited)");
+                               "sliding window: keys up to R after the diagonal key (negative = unlimited)")
+                   ->check(in_range_of_64_bits<index_t>());
   window->excludes(left)->excludes(right);
   app.add_option("--ranges", o.ranges, "lo.npy hi.npy: per-query visible keys [lo, hi), int, [batch, seq_q]")
       ->expected(2);
@@ -567,9 +592,10 @@ int main(int argc, char** argv) {
   app.add_option("--print", o.print_rows, "print the first N rows of lse and o (batch 0, head 0)");
   app.add_option("--make-example", make_dir, "write deterministic q/k/v/do .npy inputs to this folder and exit");
   app.add_option("--example-shape", example_shape, "batch heads seq_q seq_k head_dim for --make-example")
-      ->expected(5);
+      ->expected(5)
+      ->check(in_range_of_64_bits<index_t>());
   app.add_option("--example-dtype", example_dtype, "float32 | float64 | float16 for --make-example");
-  app.add_option("--seed", seed, "random seed for --make-example");
+  app.add_option("--seed", seed, "random seed for --make-example")->check(in_range_of_64_bits<std::uint64_t>());
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -456,6 +456,27 @@ class AtomicWriter {
   AtomicWriter& operator=(const AtomicWriter&) = delete;
   ~AtomicWriter() { discard(); }
 
+  /// Creates the folder `dir` and its missing parents. The folders it
+  /// created are removed again, if they are still empty, unless commit()
+  /// succeeds: a failed run leaves no empty folders behind either.
+  void create_folders(const std::string& dir) {
+    namespace fs = std::filesystem;
+    fs::path p(dir);
+    while (!p.empty() && p.filename().empty() && p != p.root_path()) p = p.parent_path();  // "out/" -> "out"
+    std::vector<fs::path> missing;
+    std::error_code ec;
+    for (; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+      missing.push_back(p);
+      if (p == p.root_path()) break;
+    }
+    for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+      const bool made = fs::create_directory(*it, ec);
+      if (ec) throw NpyError(dir, "cannot create the folder: " + ec.message());
+      if (made) folders_.push_back(*it);
+    }
+    if (!fs::is_directory(dir, ec)) throw NpyError(dir, "cannot create the folder: a file has this name");
+  }
+
   void add(const std::string& path, const std::string& bytes) {
     const std::filesystem::path target(path);
     std::string tmpl = (target.parent_path() / ("." + target.filename().string() + ".XXXXXX")).string();
@@ -501,15 +522,21 @@ class AtomicWriter {
       }
     }
     temps_.clear();
+    folders_.clear();
   }
-  /// Removes the temporaries not renamed yet.
+  /// Removes the temporaries not renamed yet, then the folders
+  /// create_folders made, deepest first, where they are empty.
   void discard() {
     for (auto& t : temps_) std::remove(t.first.c_str());
     temps_.clear();
+    std::error_code ec;
+    for (auto it = folders_.rbegin(); it != folders_.rend(); ++it) std::filesystem::remove(*it, ec);
+    folders_.clear();
   }
 
  private:
   std::vector<std::pair<std::string, std::string>> temps_;
+  std::vector<std::filesystem::path> folders_;  // created by create_folders, parents first
 };
 
 }  // namespace attn

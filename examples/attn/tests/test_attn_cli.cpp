@@ -719,13 +719,24 @@ TEST_CASE("bad command line: status 2, a device or folder as input, a folder in 
   const std::vector<std::string> usage{"--window 1.5", "--kernel foo", "--ranges " + d + "/q.npy", "--bogus",
                                        "--window 3 --window-left 1", "--compute float16",
                                        "--compute float32 --dtype float64", "--compute float32", "--threads -1",
-                                       "--dtype float32 --temperature 1e-300"};
+                                       "--dtype float32 --temperature 1e-300", "--print -3",
+                                       // CLI11 saturates these: they ran as unlimited windows
+                                       "--window-left 18446744073709551618", "--window-right 9223372036854775808",
+                                       "--window 9223372036854775808", "--window-left -9223372036854775809"};
   for (const std::string& bad : usage) {
     const Run r = run_tool(dir, inputs + bad + " --out " + d + "/out");
     INFO(bad << " stderr: " << r.err);
     CHECK(r.rc == 2);
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
     CHECK(no_outputs(dir / "out"));
+  }
+  for (const std::string& bad : {std::string("--seed 18446744073709551616"),
+                                 std::string("--example-shape 1 1 18446744073709551618 2 2")}) {
+    const Run r = run_tool(dir, "--make-example " + d + "/mk " + bad);
+    INFO(bad << " stderr: " << r.err);
+    CHECK(r.rc == 2);
+    CHECK(r.err.find(bad.substr(0, bad.find(' '))) != std::string::npos);
+    CHECK(!fs::exists(dir / "mk"));
   }
   // float64 storage (the example's inputs, or --dtype float64) has no float
   // arithmetic: the message names both options.
@@ -755,6 +766,32 @@ TEST_CASE("bad command line: status 2, a device or folder as input, a folder in 
   CHECK(r.rc == 1);
   CHECK(r.err.find("dv.npy") != std::string::npos);
   CHECK(std::distance(fs::directory_iterator(dir / "out2"), fs::directory_iterator{}) == 1);
+}
+
+TEST_CASE("a failed run removes the folders it created, and only those", "[cli]") {
+  const fs::path dir = scratch("folders");
+  const std::string d = dir.string();
+  REQUIRE(run_tool(dir, "--make-example " + d + "/in --example-shape 1 1 3 3 2").rc == 0);
+  const std::string inputs = "--q " + d + "/in/q.npy --k " + d + "/in/k.npy --v " + d + "/in/v.npy";
+  // The last folder's name is too long to create (NAME_MAX is 255): the run
+  // fails after it made new1 and new1/new2.
+  const std::string too_long(300, 'x');
+  fs::create_directories(dir / "kept");  // the caller's empty folder stays
+  for (const std::string& parent : {std::string("new1/new2"), std::string("kept/new2")}) {
+    for (const std::string& run : {inputs + " --out ", std::string("--make-example ")}) {
+      const Run r = run_tool(dir, run + d + "/" + parent + "/" + too_long);
+      INFO(run << parent << " stderr: " << r.err);
+      CHECK(r.rc == 1);
+      CHECK(r.err.find("cannot create the folder") != std::string::npos);
+      CHECK(!fs::exists(dir / "new1"));
+      CHECK(!fs::exists(dir / "kept/new2"));
+      CHECK(fs::is_directory(dir / "kept"));
+    }
+  }
+  // A file in the way of the output folder.
+  const Run r = run_tool(dir, inputs + " --out " + d + "/in/q.npy/sub");
+  CHECK(r.rc == 1);
+  CHECK(r.err.find("cannot create the folder") != std::string::npos);
 }
 
 TEST_CASE("outputs: unique temporaries, concurrent runs and leftovers of killed runs do not collide", "[cli]") {
