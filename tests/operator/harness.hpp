@@ -651,4 +651,41 @@ inline double central_difference(Case<double>& c, double& x, double h) {
   return (lp - lm) / (2 * h);
 }
 
+#if defined(CONTINUUM_CPU_DISPATCH)
+/// Puts the dispatch library's selected instruction set back at scope exit.
+struct RestoreIsa {
+  continuum::cpu_dispatch::Isa saved = continuum::cpu_dispatch::selected();
+  ~RestoreIsa() { continuum::cpu_dispatch::select(saved); }
+};
+inline bool on_amx() { return continuum::cpu_dispatch::selected() == continuum::cpu_dispatch::Isa::amx; }
+#else
+inline bool on_amx() { return continuum::cpu_detail::amx::usable(); }
+#endif
+
+/// f() on every vector instruction set this CPU runs (sse2, avx2, avx512),
+/// each selected in turn, the ones it cannot run reported as skipped: the
+/// kernels whose products are the float call's. A build without the dispatch
+/// library (its own -march) runs f() once, unless S is bfloat16 and its
+/// kernels are AMX's (`amx_skip` says why that is skipped).
+template <class S, class F>
+void for_each_vector_isa(const char* what, const char* amx_skip, F&& f) {
+#if defined(CONTINUUM_CPU_DISPATCH)
+  namespace cd = continuum::cpu_dispatch;
+  (void)amx_skip;
+  RestoreIsa restore;
+  for (cd::Isa isa : {cd::Isa::sse2, cd::Isa::avx2, cd::Isa::avx512}) {
+    if (!cd::supported(isa)) {
+      WARN("skipped: " << what << " on " << cd::name(isa) << " (this CPU cannot run it)");
+      continue;
+    }
+    cd::select(isa);
+    INFO("instruction set " << cd::name(isa));
+    f();
+  }
+#else
+  if (std::is_same<S, continuum::bfloat16>::value && on_amx()) WARN("skipped: " << what << ": " << amx_skip);
+  else f();
+#endif
+}
+
 }  // namespace harness

@@ -190,39 +190,7 @@ std::vector<cd::Isa> units16() {
   else WARN("skipped: bfloat16 on AMX (this CPU or kernel has no AMX-BF16 tiles for this process)");
   return out;
 }
-struct RestoreIsa {
-  cd::Isa saved = cd::selected();
-  ~RestoreIsa() { cd::select(saved); }
-};
-bool on_amx() { return cd::selected() == cd::Isa::amx; }
-#else
-bool on_amx() { return continuum::cpu_detail::amx::usable(); }
 #endif
-
-/// f() on every vector instruction set this CPU runs (sse2, avx2, avx512),
-/// each selected in turn, the ones it cannot run reported as skipped: the
-/// kernels whose products are the float call's. A build without the dispatch
-/// library (its own -march) runs f() once, unless S is bfloat16 and its
-/// kernels are AMX's (`amx_skip` says why that is skipped).
-template <class S, class F>
-void for_each_vector_isa(const char* what, const char* amx_skip, F&& f) {
-#if defined(CONTINUUM_CPU_DISPATCH)
-  (void)amx_skip;
-  RestoreIsa restore;
-  for (cd::Isa isa : {cd::Isa::sse2, cd::Isa::avx2, cd::Isa::avx512}) {
-    if (!cd::supported(isa)) {
-      WARN("skipped: " << what << " on " << cd::name(isa) << " (this CPU cannot run it)");
-      continue;
-    }
-    cd::select(isa);
-    INFO("instruction set " << cd::name(isa));
-    f();
-  }
-#else
-  if (std::is_same<S, bfloat16>::value && on_amx()) WARN("skipped: " << what << ": " << amx_skip);
-  else f();
-#endif
-}
 
 #if defined(CONTINUUM_CPU_AMX) || (defined(__x86_64__) && defined(__linux__) && \
     ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)))

@@ -192,12 +192,23 @@ TEST_CASE("tiled kernels: bitwise independent of the thread count, in the caller
 TEST_CASE("tiled forward: a KV-cache decode step is the full causal row, bit for bit", "[operator][tiled]") {
   // Key tiles sit at absolute multiples of the tile width, so a decode step
   // (Lq = 1 over the first t + 1 cached keys) runs the same operations as row t
-  // of the full causal forward. Rows on both sides of tile boundaries (128, 256).
+  // of the full causal forward. Rows on both sides of tile boundaries (128,
+  // 256). The decode step's few rows (the query heads of one KV head: 1, 3
+  // and 6 here) take their scores from few_row_scores, which transposes the
+  // keys in registers; the full forward's from the tile GEMM: head_dim 3, 20
+  // and 24 leave a tail past the last whole vector on every instruction set.
+  struct Shape {
+    index_t Hq, Hk, D;
+  };
+  const Shape shape = GENERATE(Shape{1, 1, 16}, Shape{3, 1, 20}, Shape{12, 2, 24}, Shape{2, 2, 3}, Shape{6, 1, 64});
   const index_t window = GENERATE(0, 50);
   const int kernel = GENERATE(0, 1);
   Case<float> full;
+  full.Hq = shape.Hq;
+  full.Hk = shape.Hk;
   full.Lq = full.Lk = 300;
-  full.D = full.Dv = 16;
+  full.D = shape.D;
+  full.Dv = 16;
   full.vis.causal = true;
   full.vis.window_left = window - 1;  // a window of `window` keys; 0: none
   full.kernel = kernel ? continuum::Kernel::softmax : continuum::Kernel::continuum;
@@ -205,24 +216,30 @@ TEST_CASE("tiled forward: a KV-cache decode step is the full causal row, bit for
   full.alloc();
   auto rng = rng_for(4242);
   full.fill_uniform(rng);
-  run_forward(full, true);
-  const auto full_o = full.o.contiguous();
-  for (index_t t : {0, 1, 2, 127, 128, 129, 200, 255, 256, 257, 299}) {
-    continuum::ForwardArgs<float> a = full.forward_args();
-    a.compute = continuum::Compute::automatic;
-    a.query.data = full.q.view.row(0, 0, t);
-    a.query.seq = 1;
-    a.key.seq = t + 1;
-    a.value.seq = t + 1;
-    std::vector<float> out(16, std::numeric_limits<float>::quiet_NaN());
-    float lse = 0;
-    a.out = continuum::TensorView<float>::bhsd(out.data(), 1, 1, 1, 16);
-    a.lse = &lse;
-    continuum::attention_forward(continuum::cpu, a);
-    INFO("window " << window << " kernel " << kernel << " step " << t);
-    CHECK(std::memcmp(out.data(), full_o.data() + t * 16, 16 * sizeof(float)) == 0);
-    CHECK(std::memcmp(&lse, &full.lse[static_cast<std::size_t>(t)], sizeof(float)) == 0);
-  }
+  for_each_vector_isa<float>("the decode step", "", [&] {
+    run_forward(full, true);
+    const auto full_o = full.o.contiguous();
+    for (index_t t : {0, 1, 2, 127, 128, 129, 200, 255, 256, 257, 299}) {
+      continuum::ForwardArgs<float> a = full.forward_args();
+      a.compute = continuum::Compute::automatic;
+      a.query.data = full.q.view.row(0, 0, t);
+      a.query.seq = 1;
+      a.key.seq = t + 1;
+      a.value.seq = t + 1;
+      const index_t Hq = shape.Hq;
+      std::vector<float> out(std::size_t(Hq * 16), std::numeric_limits<float>::quiet_NaN());
+      std::vector<float> lse(std::size_t(Hq), std::numeric_limits<float>::quiet_NaN());
+      a.out = continuum::TensorView<float>::bhsd(out.data(), 1, Hq, 1, 16);
+      a.lse = lse.data();
+      continuum::attention_forward(continuum::cpu, a);
+      for (index_t h = 0; h < Hq; ++h) {
+        INFO("heads " << Hq << " on " << shape.Hk << ", head_dim " << shape.D << ", window " << window << " kernel "
+                      << kernel << " step " << t << " head " << h);
+        CHECK(std::memcmp(out.data() + h * 16, full_o.data() + (h * 300 + t) * 16, 16 * sizeof(float)) == 0);
+        CHECK(std::memcmp(&lse[std::size_t(h)], &full.lse[std::size_t(h * 300 + t)], sizeof(float)) == 0);
+      }
+    }
+  });
 }
 
 TEST_CASE("tiled forward: a decode step over a long KV cache is split over the key axis", "[operator][tiled]") {

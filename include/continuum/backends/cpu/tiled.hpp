@@ -187,6 +187,49 @@ inline void pack_transposed(const S* src, index_t lds, index_t n, index_t cols, 
   }
 }
 
+#if defined(CONTINUUM_TILE_GEMM)
+/// The scores of a few rows, as a decode step has them (the query heads of
+/// one KV head): S(r, c) = Σ_d Q(r, d) · K(c, d) for the tile columns
+/// [c0, c1) (multiples of the vector width; keys at or past nc are zero keys)
+/// and the NR ≤ kMR rows Q(r, :) = Q + r·ldq, written to S + r·lds + c.
+/// Each W × W block of key rows is transposed in registers and multiplied at
+/// once: per score, the operations of pack_transposed then gemm (the same
+/// floats, a running multiply-add in d order from +0, the same zero keys),
+/// without Kᵀ's round trip through memory.
+template <int NR, class T, class S>
+inline void few_row_scores(const T* Q, index_t ldq, const S* key, index_t ldk, index_t nc, index_t D, index_t c0,
+                           index_t c1, T* S_, index_t lds) {
+  using V = Simd<T>;
+  constexpr int W = V::W;
+  const index_t Dw = D / W * W;
+  for (index_t c = c0; c < c1; c += W) {
+    typename V::v acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = typename V::v{};
+    const int keys = int(std::clamp<index_t>(nc - c, 0, W));
+    for (index_t d = 0; d < Dw; d += W) {
+      typename V::v k[W];
+      for (int i = 0; i < W; ++i) {
+        if (i >= keys)
+          k[i] = typename V::v{};
+        else if constexpr (std::is_same<S, T>::value)
+          k[i] = V::load(key + (c + i) * ldk + d);
+        else
+          k[i] = load_float(key + (c + i) * ldk + d);
+      }
+      transpose_block<T>(k);
+      for (int i = 0; i < W; ++i)
+        for (int r = 0; r < NR; ++r) acc[r] = vmadd<T>(Q[r * ldq + d + i], k[i], acc[r]);
+    }
+    for (index_t d = Dw; d < D; ++d) {  // head_dim not a multiple of W: one column of Kᵀ at a time
+      typename V::v kd{};
+      for (int i = 0; i < keys; ++i) kd[i] = T(key[(c + i) * ldk + d]);
+      for (int r = 0; r < NR; ++r) acc[r] = vmadd<T>(Q[r * ldq + d], kd, acc[r]);
+    }
+    for (int r = 0; r < NR; ++r) V::store(S_ + r * lds + c, acc[r]);
+  }
+}
+#endif
+
 /// C (M × N) = or += A · B with A(r, k) = A[r·sa_r + k·sa_k], B and C row-major:
 /// the micro-kernel (tile_gemm.hpp) with GCC/Clang, plain loops otherwise.
 template <class T>
@@ -923,14 +966,15 @@ struct KeyValue {
 };
 
 /// The key tile [k0, k0 + nc) of (b, hk) transposed into ws.kt (ncp columns,
-/// zeros past nc; 16-bit keys widened in registers on the way); and, for
-/// values stored in S ≠ T, the value rows [max(k0 − 1, 0), k0 + nc) widened
-/// into ws.vstage (row k at k − (k0 − 1)).
+/// zeros past nc; 16-bit keys widened in registers on the way) unless the
+/// scores transpose it themselves (few_row_scores); and, for values stored in
+/// S ≠ T, the value rows [max(k0 − 1, 0), k0 + nc) widened into ws.vstage
+/// (row k at k − (k0 − 1)).
 template <class T, class S>
-void pack_tile(const KeyValue<S>& kv, index_t b, index_t hk, index_t k0, index_t nc, index_t ncp,
+void pack_tile(const KeyValue<S>& kv, index_t b, index_t hk, index_t k0, index_t nc, index_t ncp, bool keys,
                ForwardWorkspace<T>& ws) {
   const index_t D = kv.key.dim, Dv = kv.value.dim;
-  pack_transposed(kv.key.row(b, hk, k0), kv.key.stride_seq, nc, D, ws.kt.data(), ncp);
+  if (keys) pack_transposed(kv.key.row(b, hk, k0), kv.key.stride_seq, nc, D, ws.kt.data(), ncp);
   if constexpr (!std::is_same<S, T>::value) {
     for (index_t k = std::max<index_t>(k0 - 1, 0); k < k0 + nc; ++k)
       convert_n(kv.value.row(b, hk, k), ws.vstage.data() + (k - (k0 - 1)) * Dv, Dv);
@@ -1180,6 +1224,13 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
   // with the same tiles (the same operations) in any query block, so a
   // KV-cache decode step reproduces the full forward's row bit for bit.
   const index_t kstart = kmin / kBc * kBc;
+  // A decode step's few rows (up to the micro-kernel's row block) multiply
+  // each key tile as they transpose it (few_row_scores): the same scores.
+#if defined(CONTINUUM_TILE_GEMM)
+  const bool few_rows = kVector<T> && !ws.amx && nr <= kMR;
+#else
+  constexpr bool few_rows = false;
+#endif
   for (index_t k0 = kstart; k0 < kmax; k0 += kBc) {
     const index_t k1 = std::min(k0 + kBc, kmax);
     const index_t nc = k1 - k0;
@@ -1221,7 +1272,7 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
         if (ws.amx)
           pack_tile_amx(a, b, hk, k0, nc, nr, ncp, ws);
         else
-          pack_tile(kv, b, hk, k0, nc, ncp, ws);
+          pack_tile(kv, b, hk, k0, nc, ncp, !few_rows, ws);
         packed = true;
       }
       // S[r0:r1, 1 + j] = Qs · K_tileᵀ for the tile keys j in [j0, j1) ⊇ [u0 - k0, u1 - k0).
@@ -1229,6 +1280,23 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
       const index_t j1 = std::min(round_up(u1 - k0, kPad<T>), ncp);
       if (ws.amx) {
         scores_amx(r0, std::min(r1, nr_tiles), j0, j1, ws);
+      } else if (few_rows) {
+#if defined(CONTINUUM_TILE_GEMM)
+        if constexpr (kVector<T>) {
+          const T* q = ws.q.data() + r0 * D;
+          const S* key = kv.key.row(b, hk, k0);
+          const index_t ldk = kv.key.stride_seq;
+          T* sr = ws.s.data() + r0 * lds + 1;
+          switch (r1 - r0) {
+            case 6: few_row_scores<6>(q, D, key, ldk, nc, D, j0, j1, sr, lds); break;
+            case 5: few_row_scores<5>(q, D, key, ldk, nc, D, j0, j1, sr, lds); break;
+            case 4: few_row_scores<4>(q, D, key, ldk, nc, D, j0, j1, sr, lds); break;
+            case 3: few_row_scores<3>(q, D, key, ldk, nc, D, j0, j1, sr, lds); break;
+            case 2: few_row_scores<2>(q, D, key, ldk, nc, D, j0, j1, sr, lds); break;
+            default: few_row_scores<1>(q, D, key, ldk, nc, D, j0, j1, sr, lds); break;
+          }
+        }
+#endif
       } else {
         // (D = 0: Kᵀ is empty and kt.data() null, so no offset is formed from
         // it; gemm then writes scores 0 without reading it.)
