@@ -30,11 +30,9 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <limits>
@@ -42,9 +40,9 @@
 #include <optional>
 #include <random>
 #include <string>
-#include <type_traits>
 #include <vector>
 
+#include "cli_checks.hpp"
 #include "npy.hpp"
 
 namespace {
@@ -58,28 +56,6 @@ using continuum::index_t;
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-
-/// CLI11 (2.1) saturates a 64-bit integer option that overflows: 2^64 + 2
-/// would run as the largest index, i.e. as an unlimited window. This check
-/// sees the text first and rejects what the type cannot hold.
-template <class T>
-CLI::Validator in_range_of_64_bits() {
-  static_assert(sizeof(T) == 8 && std::is_integral_v<T>);
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        char* end = nullptr;
-        errno = 0;
-        if constexpr (std::is_signed_v<T>)
-          static_cast<void>(std::strtoll(text.c_str(), &end, 0));
-        else
-          static_cast<void>(std::strtoull(text.c_str(), &end, 0));
-        if (errno == ERANGE)
-          return text + " is out of range: the option is " + (std::is_signed_v<T> ? "a signed" : "an unsigned") +
-                 " 64-bit integer";
-        return {};  // anything else: CLI11's own conversion decides
-      },
-      "");
-}
 
 struct Options {
   std::string q, k, v, dout, out;
@@ -566,13 +542,13 @@ int main(int argc, char** argv) {
   app.add_flag("--causal", o.causal, "causal, bottom-right aligned (MATH.md §3)");
   auto* window = app.add_option("--window", o.window,
                                 "W keys counting the diagonal and none after it: (W - 1, 0); 0 = no window")
-                   ->check(in_range_of_64_bits<index_t>());
+                   ->check(attn::in_range_of_64_bits<index_t>());
   auto* left = app.add_option("--window-left", o.window_left,
                               "sliding window: keys up to L before the diagonal key (negative = unlimited)")
-                   ->check(in_range_of_64_bits<index_t>());
+                   ->check(attn::in_range_of_64_bits<index_t>());
   auto* right = app.add_option("--window-right", o.window_right,
                                "sliding window: keys up to R after the diagonal key (negative = unlimited)")
-                   ->check(in_range_of_64_bits<index_t>());
+                   ->check(attn::in_range_of_64_bits<index_t>());
   window->excludes(left)->excludes(right);
   app.add_option("--ranges", o.ranges, "lo.npy hi.npy: per-query visible keys [lo, hi), int, [batch, seq_q]")
       ->expected(2);
@@ -593,9 +569,9 @@ int main(int argc, char** argv) {
   app.add_option("--make-example", make_dir, "write deterministic q/k/v/do .npy inputs to this folder and exit");
   app.add_option("--example-shape", example_shape, "batch heads seq_q seq_k head_dim for --make-example")
       ->expected(5)
-      ->check(in_range_of_64_bits<index_t>());
+      ->check(attn::in_range_of_64_bits<index_t>());
   app.add_option("--example-dtype", example_dtype, "float32 | float64 | float16 for --make-example");
-  app.add_option("--seed", seed, "random seed for --make-example")->check(in_range_of_64_bits<std::uint64_t>());
+  app.add_option("--seed", seed, "random seed for --make-example")->check(attn::in_range_of_64_bits<std::uint64_t>());
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

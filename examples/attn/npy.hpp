@@ -447,8 +447,10 @@ std::string encode_float16(const std::vector<T>& data, const std::vector<std::si
 /// outputs and leftovers of killed runs never collide); only when all are
 /// written and closed, and no target is a folder, are they renamed into
 /// place. On any error the temporaries are removed and no output file
-/// appears. (Two concurrent runs into one folder each replace whole files;
-/// which run's file each name ends up holding is unspecified.)
+/// appears. A symbolic link's file is replaced (the link stays); a device,
+/// FIFO or socket in a target's place is an error, never renamed over.
+/// (Two concurrent runs into one folder each replace whole files; which
+/// run's file each name ends up holding is unspecified.)
 class AtomicWriter {
  public:
   AtomicWriter() = default;
@@ -478,11 +480,25 @@ class AtomicWriter {
   }
 
   void add(const std::string& path, const std::string& bytes) {
-    const std::filesystem::path target(path);
+    namespace fs = std::filesystem;
+    fs::path target(path);
+    std::error_code ec;
+    // A symbolic link: the file it names is replaced and the link stays (a
+    // rename onto the link would replace the link itself).
+    if (fs::is_symlink(fs::symlink_status(target, ec))) {
+      target = fs::weakly_canonical(target, ec);
+      if (ec) throw NpyError(path, "cannot resolve the symbolic link: " + ec.message());
+    }
+    // A device, FIFO or socket is never renamed over (as root, `--out
+    // /dev/null` would make /dev/null a regular file); a folder is refused
+    // by commit().
+    const fs::file_status st = fs::status(target, ec);
+    if (fs::exists(st) && !fs::is_regular_file(st) && !fs::is_directory(st))
+      throw NpyError(path, "cannot replace: not a regular file (a device, FIFO or socket); name a file");
     std::string tmpl = (target.parent_path() / ("." + target.filename().string() + ".XXXXXX")).string();
     const int fd = ::mkstemp(tmpl.data());
     if (fd < 0) throw NpyError(path, std::string("cannot create a temporary file: ") + std::strerror(errno));
-    temps_.push_back({tmpl, path});
+    temps_.push_back({tmpl, target.string()});
     // mkstemp creates the file 0600; give it the permissions a plain create
     // would (0666 less the umask).
     const mode_t mask = ::umask(0);

@@ -1,7 +1,10 @@
 #include "config.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <string>
+#include <utility>
 
 namespace lm {
 
@@ -28,6 +31,17 @@ void Config::validate() const {
   need(std::isfinite(temperature) && temperature > 0, "temperature must be finite and > 0");
   need(std::isfinite(focal_tau_max) && focal_tau_min > 0 && focal_tau_max > focal_tau_min,
        "need 0 < focal_tau_min < focal_tau_max");
+  // The model runs in float: a value float rounds to 0 or +inf would reach
+  // the first forward as an invalid temperature.
+  for (const auto& [name, x] : {std::pair<const char*, double>{"temperature", temperature},
+                                {"focal_tau_min", focal_tau_min}, {"focal_tau_max", focal_tau_max}}) {
+    const float f = float(x);
+    if (!(f > 0 && std::isfinite(f))) {
+      char v[32];
+      std::snprintf(v, sizeof v, "%.9g", x);
+      need(false, std::string(name) + " " + v + " is outside float's range (1.4e-45 to 3.4e38): the model runs in float");
+    }
+  }
 }
 
 nlohmann::json to_json(const Config& c) {

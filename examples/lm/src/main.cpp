@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli_checks.hpp"  // examples/attn
 #include "npy.hpp"  // examples/attn: the .npy writer of continuum-attn
 #include "runner.hpp"
 #include "safetensors.hpp"
@@ -27,6 +28,20 @@ std::vector<std::string> default_valid() {
   const std::string p = std::string(LM_DEFAULT_DATA_DIR) + "/valid.txt";
   if (std::string(LM_DEFAULT_DATA_DIR).empty() || !fs::exists(p)) return {};
   return {p + ":0:0.5", p + ":0.5:1"};
+}
+
+/// Fails now, before the work, where `path` cannot be written later (no such
+/// folder, a folder or a device in its place): a temporary is created there
+/// and removed again.
+void check_writable(const std::string& path) {
+  attn::AtomicWriter probe;
+  probe.add(path, "");
+}
+
+/// JSON text; bytes of a path that are not UTF-8 become U+FFFD instead of
+/// failing the dump after the whole evaluation.
+std::string json_text(const nlohmann::json& j) {
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 nlohmann::json describe(const std::string& path, const Model<float>& m) {
@@ -79,7 +94,9 @@ int main(int argc, char** argv) {
   gen->add_option("--bytes", gen_bytes, "bytes to generate")->capture_default_str();
   gen->add_option("--sample-temperature", sample_t, "sampling temperature (0 = greedy)")->capture_default_str();
   gen->add_option("--top-k", top_k, "sample among the k most likely bytes (0 = all)")->capture_default_str();
-  gen->add_option("--seed", gen_seed, "sampling seed")->capture_default_str();
+  gen->add_option("--seed", gen_seed, "sampling seed")
+      ->capture_default_str()
+      ->check(attn::in_range_of_64_bits<std::uint64_t>());
   gen->add_option("--threads", gen_threads, "OpenMP threads")->capture_default_str();
 
   try {
@@ -92,6 +109,7 @@ int main(int argc, char** argv) {
     if (*eval) {
       if (eval_valid.empty())
         throw std::runtime_error("eval: no --valid given and ../shared/data/tinystories/valid.txt is absent");
+      if (!eval_json.empty()) check_writable(eval_json);
       Model<float> model = load_checkpoint(eval_ckpt);
       if (eo.stride < 0 || eo.stride > model.config().context)
         throw std::invalid_argument("eval: --stride " + std::to_string(eo.stride) + " outside [0, context=" +
@@ -107,6 +125,9 @@ int main(int argc, char** argv) {
         if (s.bytes.size() < 2)
           throw std::runtime_error("data: slice '" + spec + "' has fewer than 2 bytes (nothing to score)");
         const EvalResult r = evaluate(model, s.bytes, eo);
+        if (!std::isfinite(r.nats_per_byte))
+          throw std::runtime_error("eval: the mean NLL on '" + spec + "' is not finite: the model's logits overflow "
+                                   "float (checkpoint '" + eval_ckpt + "')");
         out["valid"].push_back({{"spec", spec}, {"path", s.path}, {"label", s.label()},
                                 {"from", s.from}, {"to", s.to},
                                 {"byte_begin", s.begin}, {"byte_end", s.end},
@@ -114,14 +135,18 @@ int main(int argc, char** argv) {
                                 {"nats_per_byte", r.nats_per_byte},
                                 {"bits_per_byte", r.nats_per_byte / std::log(2.0)}});
       }
-      std::cout << out.dump(2) << "\n";
-      if (!eval_json.empty()) write_file_atomic(eval_json, out.dump(2) + "\n");
+      std::cout << json_text(out) << "\n";
+      if (!eval_json.empty()) write_file_atomic(eval_json, json_text(out) + "\n");
     } else if (*lg) {
+      check_writable(lg_out);
       Model<float> model = load_checkpoint(lg_ckpt);
       set_threads(lg_threads);
       model.set_num_threads(lg_threads);
       const TextSlice s = load_slice(lg_text);
       const Mat<float> z = window_logits(model, s.bytes);
+      if (!z.allFinite())
+        throw std::runtime_error("logits: not finite: the model's logits overflow float (checkpoint '" + lg_ckpt +
+                                 "'); nothing written");
       const std::vector<float> data(z.data(), z.data() + z.size());
       attn::AtomicWriter w;
       w.add(lg_out, attn::encode(data, {std::size_t(z.rows()), std::size_t(z.cols())}));

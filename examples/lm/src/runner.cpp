@@ -165,15 +165,18 @@ std::string generate(Model<float>& model, const std::string& prompt, int n_bytes
   std::vector<std::uint8_t> text(prompt.begin(), prompt.end());
   auto cache = model.make_cache();
   // (Re-)encode the text into an empty cache: all of it when it fits, else its
-  // last context/2 bytes (sliding the window when the cache is full).
+  // last max(context/2, 1) bytes (sliding the window when the cache is full).
   auto prefill = [&]() {
     cache.length = 0;
-    const std::size_t keep = text.size() < std::size_t(ctx) ? text.size() : std::size_t(ctx) / 2;
+    const std::size_t keep = text.size() < std::size_t(ctx) ? text.size() : std::max<std::size_t>(ctx / 2, 1);
     return model.forward_cached(text.data() + (text.size() - keep), int(keep), cache);
   };
   Mat<float> logits = prefill();
   for (int i = 0; i < n_bytes; ++i) {
     const auto row = logits.row(logits.rows() - 1);
+    if (!row.allFinite())
+      throw std::runtime_error("generate: the logits of byte " + std::to_string(text.size()) +
+                               " are not finite: the model's logits overflow float");
     std::vector<double> pr(256);
     int next = 0;
     if (sample_temperature == 0) {

@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "npy.hpp"  // examples/attn: attn::AtomicWriter
+
 namespace lm {
 
 namespace {
@@ -31,21 +33,9 @@ bool little_endian() {
 }  // namespace
 
 void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error("cannot write '" + tmp + "'");
-    out.write(text.data(), std::streamsize(text.size()));
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw std::runtime_error("error writing '" + tmp + "'");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error("cannot rename '" + tmp + "' to '" + path + "'");
-  }
+  attn::AtomicWriter writer;  // examples/attn/npy.hpp: mkstemp, then rename
+  writer.add(path, text);
+  writer.commit();
 }
 
 void save_safetensors(const std::string& path, const StFile& file) {

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include "data.hpp"
@@ -326,6 +327,12 @@ TEST_CASE("config: the eleven architecture keys are required and typed, other ke
   CHECK(from_json(with("temperature", 1)).temperature == 1.0);  // an integral number is a number
   CHECK_THROWS_WITH(from_json(with("attention", "linear")).validate(), Contains("unknown kernel 'linear'"));
   CHECK_THROWS_WITH(from_json(with("temperature", -1)).validate(), Contains("temperature"));
+  // The model runs in float: values float rounds to 0 or +inf are refused at
+  // load, not at the first forward.
+  CHECK_THROWS_WITH(from_json(with("temperature", 1e-320)).validate(), Contains("config: temperature 9.9998") && Contains("is outside float's range"));
+  CHECK_THROWS_WITH(from_json(with("focal_tau_max", 1e39)).validate(), Contains("focal_tau_max 1e+39 is outside float's range"));
+  CHECK_THROWS_WITH(from_json(with("focal_tau_min", 1e-50)).validate(), Contains("focal_tau_min 1e-50 is outside float's range"));
+  CHECK_NOTHROW(from_json(with("temperature", 1e-40)).validate());  // a float subnormal: representable
 }
 
 TEST_CASE("checkpoints: the format tag and the config are checked, trainer keys are ignored",
@@ -662,5 +669,91 @@ TEST_CASE("continuum-lm: bad inputs give a one-line error naming the file and ex
     const Run r = run_lm(std::string(removed) + " " + (dir / "runs").string(), dir);
     CHECK(r.status != 0);
     CHECK_THAT(r.err, Contains("A subcommand is required"));
+  }
+}
+
+TEST_CASE("continuum-lm: outputs never replace a FIFO or a symbolic link, and are checked before the work",
+          "[cli]") {
+  const auto dir = temp_dir("cli-outputs");
+  Model<float> m = random_model(small("softmax"), 51);
+  const std::string ckpt = (dir / "model.safetensors").string();
+  save_checkpoint(ckpt, m);
+  write(dir / "ok.txt", "hello, world");
+  const std::string fifo = (dir / "fifo").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const std::string logits = "logits --checkpoint " + ckpt + " --text-file " + (dir / "ok.txt").string() + " --out ";
+  const std::string eval = "eval --checkpoint " + ckpt + " --valid " + (dir / "ok.txt").string() + " --json ";
+  for (const std::string& args : {logits + fifo, eval + fifo}) {
+    const Run r = run_lm(args, dir);  // (was: the FIFO renamed over with a regular file, status 0)
+    CHECK(r.status == 1);
+    CHECK_THAT(r.err, Contains("not a regular file"));
+    CHECK(fs::is_fifo(fifo));
+  }
+  // A symbolic link: the file it names is written, the link stays.
+  write(dir / "target.json", "old");
+  fs::create_symlink(dir / "target.json", dir / "link.json");
+  REQUIRE(run_lm(eval + (dir / "link.json").string(), dir).status == 0);
+  CHECK(fs::is_symlink(dir / "link.json"));
+  CHECK_THAT(read(dir / "target.json"), Contains("nats_per_byte"));
+  // A folder that does not exist: refused before the evaluation, naming the path given.
+  const std::string missing = (dir / "no-such-folder" / "e.json").string();
+  const Run r = run_lm(eval + missing, dir);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.err, Contains(missing + ": cannot create a temporary file"));
+  CHECK(r.out.empty());  // no result printed: nothing was evaluated
+  // No temporary is left behind.
+  for (const auto& e : fs::directory_iterator(dir)) CHECK(e.path().filename().string().rfind(".", 0) != 0);
+}
+
+TEST_CASE("continuum-lm: non-finite logits are an error, never a silent NaN", "[cli]") {
+  const auto dir = temp_dir("cli-nonfinite");
+  Model<float> m = random_model(small("continuum"), 61);
+  for (const auto& t : m.layout().tensors)  // finite weights whose products overflow float
+    if (t.name == "wte")
+      for (std::size_t i = 0; i < t.size; ++i) m.params()[t.offset + i] = 3e37f;
+  const std::string ckpt = (dir / "model.safetensors").string();
+  save_checkpoint(ckpt, m);
+  write(dir / "ok.txt", "hello, world");
+  const std::string text = (dir / "ok.txt").string();
+  for (const std::string& args : {"eval --checkpoint " + ckpt + " --valid " + text,
+                                  "logits --checkpoint " + ckpt + " --text-file " + text + " --out " +
+                                      (dir / "l.npy").string(),
+                                  "generate --checkpoint " + ckpt + " --bytes 3"}) {
+    const Run r = run_lm(args, dir);  // (was: null nats/byte, NaN logits, NUL bytes; status 0)
+    CHECK(r.status == 1);
+    CHECK_THAT(r.err, Contains("not finite"));
+  }
+  CHECK_FALSE(fs::exists(dir / "l.npy"));
+}
+
+TEST_CASE("continuum-lm generate: a context-1 model, paths that are not UTF-8, seeds beyond 64 bits", "[cli]") {
+  const auto dir = temp_dir("cli-edges");
+  Config c = small("continuum");
+  c.context = 1;  // each step sees one byte: the cache re-encodes the last byte
+  Model<float> m = random_model(c, 71, 0.5);
+  const std::string ckpt = (dir / "model.safetensors").string();
+  save_checkpoint(ckpt, m);
+  const Run g = run_lm("generate --checkpoint " + ckpt + " --prompt Once --bytes 6 --sample-temperature 0", dir);
+  REQUIRE(g.status == 0);  // (was: "0 tokens exceed the cache capacity 1")
+  std::string want = "Once";
+  for (int i = 0; i < 6; ++i) {  // greedy, from the last byte alone
+    const std::uint8_t last = std::uint8_t(want.back());
+    m.forward(&last, nullptr, 1, 1);
+    Eigen::Index arg = 0;
+    m.logits().row(0).maxCoeff(&arg);
+    want.push_back(char(arg));
+  }
+  CHECK(g.out == want + "\n");
+  // A text path with a byte that is not UTF-8: the JSON shows U+FFFD (was: a
+  // JSON error after the whole evaluation).
+  const std::string odd = (dir / "t\xff.txt").string();
+  write(odd, "hello, world");
+  const Run e = run_lm("eval --checkpoint " + ckpt + " --valid '" + odd + "'", dir);
+  CHECK(e.status == 0);
+  CHECK_THAT(e.out, Contains("t\xef\xbf\xbd.txt"));
+  for (const char* bad : {"-1", "18446744073709551616"}) {
+    const Run r = run_lm("generate --checkpoint " + ckpt + " --seed " + bad, dir);
+    CHECK(r.status != 0);  // (was: taken as 2^64 - 1)
+    CHECK_THAT(r.err, Contains("--seed"));
   }
 }
