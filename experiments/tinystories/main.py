@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import subprocess
 import sys
@@ -76,8 +77,9 @@ def cmd_train(args):
               device=args.device, progress=not args.no_progress)
     if r:
         ev = ", ".join(f"{k} {v['nats_per_byte']:.4f}" for k, v in r["eval"].items())
-        print(f"{cfg.attention} seed {cfg.seed}: {ev} nats/byte; "
-              f"{r['time']['tokens_per_second']:,.0f} tokens/s; {args.out}/result.json")
+        tps = r["time"]["tokens_per_second"]  # None: no training step (--steps 0)
+        speed = f"{tps:,.0f} tokens/s" if tps is not None else "no training steps"
+        print(f"{cfg.attention} seed {cfg.seed}: {ev} nats/byte; {speed}; {args.out}/result.json")
 
 
 def run_name(kernel, context, tau, seed, learned):
@@ -165,7 +167,7 @@ def cmd_eval(args):
     res = {}
     for spec in (args.valid or [DEFAULT_SELECT, *DEFAULT_TESTS]):
         s = load_slice(spec)
-        res[s.label] = evaluate(m, s.data)
+        res[s.label] = evaluate(m, s.data, spec=spec)
         print(f"{s.label}: {res[s.label]['nats_per_byte']:.6f} nats/byte over {res[s.label]['bytes']} bytes")
     if args.json:
         write_json(args.json, res)
@@ -189,19 +191,34 @@ def cmd_generate(args):
     sys.stdout.write(bytes(ids).decode("utf-8", errors="replace") + "\n")
 
 
+def sample_temperature(s: str) -> float:
+    """--sample-temperature: finite and >= 0 (0 = greedy), as in continuum-lm."""
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {s!r}") from None
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"must be finite and >= 0 (0 = greedy), got {s!r}")
+    return v
+
+
 def main(argv=None):
     sys.path.insert(0, HERE)
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    # allow_abbrev=False everywhere: an abbreviation (--kernel for --kernels)
+    # would be accepted here but not by the runs sweep starts (strip).
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("train", help="train one run; writes model.safetensors and result.json in --out")
+    p = sub.add_parser("train", allow_abbrev=False,
+                       help="train one run; writes model.safetensors and result.json in --out")
     add_config_options(p)
     add_data_options(p)
     p.add_argument("--out", required=True)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=cmd_train)
 
-    p = sub.add_parser("sweep", help="kernels x seeds x contexts, resumable (finished runs are skipped)")
+    p = sub.add_parser("sweep", allow_abbrev=False,
+                       help="kernels x seeds x contexts, resumable (finished runs are skipped)")
     add_config_options(p)
     add_data_options(p)
     p.add_argument("--kernels", type=lambda s: s.split(","), default=["continuum", "softmax", "focal"])
@@ -211,17 +228,19 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.set_defaults(fn=cmd_sweep)
 
-    p = sub.add_parser("compare", help="the table: mean ± sd, paired differences, 95%% CI, seeds won")
+    p = sub.add_parser("compare", allow_abbrev=False,
+                       help="the table: mean ± sd, paired differences, 95%% CI, seeds won")
     p.add_argument("runs", nargs="+", help="folders searched for result.json")
     p.add_argument("--out", help="output prefix for .txt/.json/.csv (default RUNS/compare)")
     p.set_defaults(fn=cmd_compare)
 
-    p = sub.add_parser("plot", help="validation curves (selection slice) per kernel, PNG")
+    p = sub.add_parser("plot", allow_abbrev=False, help="validation curves (selection slice) per kernel, PNG")
     p.add_argument("runs", nargs="+")
     p.add_argument("--out", default="curves.png")
     p.set_defaults(fn=cmd_plot)
 
-    p = sub.add_parser("plot-attention", help="attention weights P of one layer/head per checkpoint, PNG")
+    p = sub.add_parser("plot-attention", allow_abbrev=False,
+                       help="attention weights P of one layer/head per checkpoint, PNG")
     p.add_argument("--checkpoint", action="append", required=True)
     p.add_argument("--text", default="Once upon a time, there was a little girl named Lily. She loved to play outside.")
     p.add_argument("--layer", type=int, default=1)
@@ -229,18 +248,19 @@ def main(argv=None):
     p.add_argument("--out", default="attention.png")
     p.set_defaults(fn=cmd_plot_attention)
 
-    p = sub.add_parser("eval", help="nats/byte of a checkpoint on text slices")
+    p = sub.add_parser("eval", allow_abbrev=False, help="nats/byte of a checkpoint on text slices")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--valid", action="append", help="PATH[:FROM:TO] (repeatable)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json")
     p.set_defaults(fn=cmd_eval)
 
-    p = sub.add_parser("generate", help="sample bytes from a checkpoint")
+    p = sub.add_parser("generate", allow_abbrev=False, help="sample bytes from a checkpoint")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--prompt", default="Once upon a time")
     p.add_argument("--bytes", type=int, default=200)
-    p.add_argument("--sample-temperature", type=float, default=0.8)
+    p.add_argument("--sample-temperature", type=sample_temperature, default=0.8,
+                   help="sampling temperature, finite and >= 0 (0 = greedy)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_generate)
 

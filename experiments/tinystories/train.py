@@ -14,6 +14,7 @@ import json
 import math
 import os
 import platform
+import stat
 import tempfile
 import time
 from typing import Dict, List, Optional
@@ -22,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from config import Config
@@ -30,18 +31,44 @@ from data import BatchSampler, Slice, eval_windows
 from model import Decoder
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same folder and a rename."""
+def _atomic(path: str, write) -> None:
+    """Create `path` through a temporary file in the same folder, written by
+    write(tmp_path), and a rename. A symlink is followed (the file it points to
+    is replaced, the link stays); a target that exists and is not a regular file
+    (a device, a FIFO, a folder) is an error, nothing is written. The new file
+    gets the mode a plain open() would give it: the old file's, else 0666 & ~umask."""
+    if os.path.islink(path):
+        path = os.path.realpath(path)
+    mode = None
+    if os.path.lexists(path):
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"cannot write {path!r}: not a regular file")
+        mode = stat.S_IMODE(st.st_mode)
+    if mode is None:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.splitext(path)[1])
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        write(tmp)
+        os.chmod(tmp, mode)  # after write: save_file replaces tmp by a new 0600 file
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file in the same folder and a
+    rename (_atomic: symlinks followed, only regular files replaced)."""
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(data)
+    _atomic(path, write)
 
 
 def write_json(path: str, obj) -> None:
@@ -54,34 +81,55 @@ def save_checkpoint(model: Decoder, path: str, extra: Optional[dict] = None) -> 
     if extra:
         meta["run"] = json.dumps(extra)
     tensors = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()}
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".safetensors")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=meta)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    _atomic(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
 
 
 def load_checkpoint(path: str) -> Decoder:
-    with safe_open(path, "pt") as f:
-        meta = f.metadata() or {}
-    if meta.get("format") != "continuum-lm" or "config" not in meta:
-        raise ValueError(f"{path}: not a continuum-lm checkpoint (no config in the metadata)")
-    cfg = Config.from_dict(json.loads(meta["config"]))
+    """The model of a checkpoint save_checkpoint wrote; ValueError naming `path`
+    for a file that is unreadable, truncated, not a continuum-lm checkpoint, or
+    whose tensors do not match its config (missing, unexpected, wrong shape)."""
+    try:
+        with safe_open(path, "pt") as f:
+            meta = f.metadata() or {}
+        if meta.get("format") != "continuum-lm" or "config" not in meta:
+            raise ValueError(f"{path}: not a continuum-lm checkpoint (no config in the metadata)")
+        try:
+            cfg = Config.from_dict(json.loads(meta["config"]))
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{path}: bad config in the checkpoint's metadata: {e}") from None
+        tensors = load_file(path)
+    except (OSError, SafetensorError) as e:
+        raise ValueError(f"{path}: cannot read the checkpoint: {e}") from None
     model = Decoder(cfg)
-    model.load_state_dict(load_file(path))
+    want = model.state_dict()
+    missing, unexpected = sorted(set(want) - set(tensors)), sorted(set(tensors) - set(want))
+    shapes = [f"{k} {tuple(tensors[k].shape)} (config: {tuple(want[k].shape)})"
+              for k in sorted(set(want) & set(tensors)) if tensors[k].shape != want[k].shape]
+    for what, names in (("missing tensors", missing), ("unexpected tensors", unexpected),
+                        ("wrong shapes", shapes)):
+        if names:
+            raise ValueError(f"{path}: the checkpoint does not match its config: {what} "
+                             f"{', '.join(names)}")
+    model.load_state_dict(tensors)
     return model
 
 
+def check_scorable(data: torch.Tensor, spec: str, max_bytes: int = 0) -> None:
+    """n bytes have n - 1 predictions: fewer than 2 bytes (after the cut to the
+    first max_bytes when > 0) is an error, not a mean over nothing."""
+    n = min(data.numel(), max_bytes) if max_bytes > 0 else data.numel()
+    if n < 2:
+        cut = f" cut to its first {max_bytes} bytes (eval_bytes)" if 0 < max_bytes < data.numel() else ""
+        raise ValueError(f"data: slice {spec!r}{cut} has fewer than 2 bytes (nothing to score)")
+
+
 @torch.no_grad()
-def evaluate(model: Decoder, data: torch.Tensor, max_bytes: int = 0) -> Dict[str, float]:
+def evaluate(model: Decoder, data: torch.Tensor, max_bytes: int = 0, spec: str = "data") -> Dict[str, float]:
     """Mean NLL in nats/byte over the n - 1 predictions of `data` (its first
-    max_bytes when > 0), non-overlapping windows of `context` (data.eval_windows)."""
+    max_bytes when > 0), non-overlapping windows of `context` (data.eval_windows).
+    ValueError naming `spec` (the slice) for fewer than 2 bytes (check_scorable)."""
     cfg = model.cfg
+    check_scorable(data, spec, max_bytes)
     if max_bytes > 0:
         data = data[:max_bytes]
     was = model.training
@@ -103,7 +151,7 @@ def evaluate(model: Decoder, data: torch.Tensor, max_bytes: int = 0) -> Dict[str
         count += idx[:, 1:].numel()
         i = j
     model.train(was)
-    return {"nats_per_byte": total / max(count, 1), "bytes": count}
+    return {"nats_per_byte": total / count, "bytes": count}
 
 
 def _autocast(cfg: Config, device: str):
@@ -149,6 +197,10 @@ def train(cfg: Config, train_data: Slice, select: Slice, tests: List[Slice], out
         raise ValueError(f"batch_size {cfg.batch_size} is not a multiple of the {world} processes")
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    # Before any training: the test slices are scored only at the end.
+    check_scorable(select.data, select.spec, cfg.eval_bytes)
+    for s in tests:
+        check_scorable(s.data, s.spec)
     torch.set_num_threads(cfg.threads)
 
     model = Decoder(cfg)
@@ -167,7 +219,7 @@ def train(cfg: Config, train_data: Slice, select: Slice, tests: List[Slice], out
 
     def curve_point(step):
         if rank == 0:
-            r = evaluate(model, select.data.to(device), cfg.eval_bytes)
+            r = evaluate(model, select.data.to(device), cfg.eval_bytes, select.spec)
             curve.append({"step": step, "train_bytes": step * cfg.batch_size * cfg.context,
                           "select_nats_per_byte": r["nats_per_byte"]})
             return r["nats_per_byte"]
@@ -209,7 +261,7 @@ def train(cfg: Config, train_data: Slice, select: Slice, tests: List[Slice], out
     result = None
     if rank == 0:
         curve_point(cfg.steps)
-        evals = {s.label: evaluate(model, s.data.to(device)) for s in [select] + tests}
+        evals = {s.label: evaluate(model, s.data.to(device), spec=s.spec) for s in [select] + tests}
         result = {
             "config": cfg.to_dict(),
             "kernel": cfg.attention, "seed": cfg.seed, "context": cfg.context,

@@ -216,3 +216,170 @@ def test_ddp_two_processes_match_one(tmp_path, text_file):
     for sl in e1:
         assert abs(e1[sl]["nats_per_byte"] - e2[sl]["nats_per_byte"]) <= 1e-5 * e1[sl]["nats_per_byte"]
     assert json.loads((tmp_path / "two" / "result.json").read_text())["time"]["processes"] == 2
+
+
+# The command line in this process (main.main(argv)): each command's errors end in
+# SystemExit("PROG CMD: error: ...") (one line), argparse's in SystemExit(2).
+
+@pytest.fixture
+def cli():
+    import main
+    threads = torch.get_num_threads()  # eval and train set it for the process
+    yield main.main
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    m = Decoder(small())
+    m.init_weights(0)
+    path = str(tmp_path / "model.safetensors")
+    save_checkpoint(m, path)
+    return path
+
+
+def cli_error(cli, *argv):
+    with pytest.raises(SystemExit) as e:
+        cli(list(argv))
+    assert isinstance(e.value.code, str) and "\n" not in e.value.code, e.value.code
+    assert f" {argv[0]}: error: " in e.value.code
+    return e.value.code
+
+
+def test_write_atomic_follows_symlinks_and_replaces_only_regular_files(tmp_path):
+    from train import write_atomic, write_json
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for target in (fifo, folder):
+        with pytest.raises(ValueError, match=f"{target}.*not a regular file"):
+            write_atomic(str(target), b"x")
+    assert fifo.is_fifo() and folder.is_dir()  # untouched
+    real, link = tmp_path / "real.json", tmp_path / "link.json"
+    real.write_text("old")
+    link.symlink_to(real.name)  # relative, resolved beside the link
+    write_json(str(link), {"a": 1})
+    assert link.is_symlink() and json.loads(real.read_text()) == {"a": 1}
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "new.txt")
+    write_atomic(str(dangling), b"new")
+    assert dangling.is_symlink() and (tmp_path / "new.txt").read_bytes() == b"new"
+    to_fifo = tmp_path / "to-fifo"
+    to_fifo.symlink_to(fifo)
+    with pytest.raises(ValueError, match=f"{fifo}.*not a regular file"):
+        write_atomic(str(to_fifo), b"x")
+    assert fifo.is_fifo() and to_fifo.is_symlink()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp")]
+
+
+def test_write_atomic_gives_the_mode_open_would(tmp_path):
+    from train import write_atomic
+    old = os.umask(0o027)
+    try:
+        write_atomic(str(tmp_path / "new.json"), b"{}")
+        m = Decoder(small())
+        save_checkpoint(m, str(tmp_path / "m.safetensors"))
+        (tmp_path / "kept.json").write_text("old")
+        os.chmod(tmp_path / "kept.json", 0o604)
+        write_atomic(str(tmp_path / "kept.json"), b"new")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "new.json").stat().st_mode & 0o777 == 0o640
+    assert (tmp_path / "m.safetensors").stat().st_mode & 0o777 == 0o640
+    assert (tmp_path / "kept.json").stat().st_mode & 0o777 == 0o604  # open() keeps an existing file's mode
+    assert (tmp_path / "kept.json").read_bytes() == b"new"
+
+
+def test_fewer_than_two_bytes_is_an_error_wherever_evaluate_is_used(tmp_path, text_file, checkpoint, cli):
+    m = load_checkpoint(checkpoint)
+    data = load_slice(text_file).data
+    assert evaluate(m, data[:2])["bytes"] == 1
+    for n in (1, 0):  # was 0.0 nats/byte over 0 bytes
+        with pytest.raises(ValueError, match=r"has fewer than 2 bytes \(nothing to score\)"):
+            evaluate(m, data[:n])
+    with pytest.raises(ValueError, match=r"^data: slice 'x' has fewer than 2 bytes"):
+        evaluate(m, data[:1], spec="x")
+    with pytest.raises(ValueError, match="fewer than 2 bytes"):
+        evaluate(m, data, max_bytes=1)
+    one = tmp_path / "one.txt"
+    one.write_bytes(b"a")
+    for spec in (str(one), f"{text_file}:0:0.00003"):  # 1 byte of the 48 kB text
+        msg = cli_error(cli, "eval", "--checkpoint", checkpoint, "--valid", spec, "--threads", "1")
+        assert f"slice {spec!r} has fewer than 2 bytes (nothing to score)" in msg
+    train = ["train", "--preset", "smoke", "--steps", "1", "--threads", "1", "--no-progress",
+             "--train", text_file, "--select", f"{text_file}:0:0.01", "--test", f"{text_file}:0.01:0.02",
+             "--out", str(tmp_path / "run")]
+    msg = cli_error(cli, *train, "--test", str(one))
+    assert f"slice {str(one)!r} has fewer than 2 bytes" in msg
+    msg = cli_error(cli, *train[:-4], "--select", str(one), *train[-4:])
+    assert f"slice {str(one)!r} has fewer than 2 bytes" in msg
+    msg = cli_error(cli, *train, "--eval-bytes", "1")
+    assert "cut to its first 1 bytes (eval_bytes) has fewer than 2 bytes" in msg
+    assert not (tmp_path / "run").exists()  # refused before training
+
+
+def test_train_zero_steps_prints_the_summary(tmp_path, text_file, cli, capsys):
+    out = tmp_path / "run"
+    cli(["train", "--preset", "smoke", "--steps", "0", "--threads", "1", "--no-progress",
+         "--train", text_file, "--select", f"{text_file}:0:0.005", "--test", f"{text_file}:0.005:0.01",
+         "--out", str(out)])
+    assert "no training steps" in capsys.readouterr().out
+    assert json.loads((out / "result.json").read_text())["time"]["tokens_per_second"] is None
+
+
+@pytest.mark.parametrize("argv", [
+    ["sweep", "--kernel", "softmax"],  # would be --kernels, but not stripped from the runs' options
+    ["train", "--step", "3"],
+    ["eval", "--checkpoint", "x", "--val", "y"],
+])
+def test_abbreviated_options_are_usage_errors(tmp_path, cli, capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        cli([*argv, "--out", str(tmp_path / "out")] if argv[0] != "eval" else argv)
+    assert e.value.code == 2
+    assert f"unrecognized arguments: {argv[-2]}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_generate_sample_temperature_is_finite_and_not_negative(checkpoint, cli, capsys):
+    for bad in ("-1", "-0.5", "nan", "inf", "hot"):
+        with pytest.raises(SystemExit) as e:
+            cli(["generate", "--checkpoint", checkpoint, "--sample-temperature", bad])
+        assert e.value.code == 2
+        assert "argument --sample-temperature:" in capsys.readouterr().err
+    cli(["generate", "--checkpoint", checkpoint, "--bytes", "4", "--prompt", "Once", "--sample-temperature", "0"])
+    greedy = capsys.readouterr().out
+    cli(["generate", "--checkpoint", checkpoint, "--bytes", "4", "--prompt", "Once", "--sample-temperature", "0"])
+    assert capsys.readouterr().out == greedy and greedy.startswith("Once") and len(greedy.encode()) >= 9
+
+
+def test_corrupt_or_incomplete_checkpoint_is_a_one_line_error(tmp_path, checkpoint, cli):
+    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+    raw = open(checkpoint, "rb").read()
+    with safe_open(checkpoint, "pt") as f:
+        meta = f.metadata()
+    tensors = load_file(checkpoint)
+    cases = {}
+    for name, n in (("half", len(raw) // 2), ("header", 100), ("empty", 0)):
+        cases[name] = tmp_path / f"{name}.safetensors"
+        cases[name].write_bytes(raw[:n])
+    cases["missing"] = tmp_path / "missing.safetensors"
+    save_file({k: v for k, v in tensors.items() if k != "wpe"}, str(cases["missing"]), metadata=meta)
+    cases["shape"] = tmp_path / "shape.safetensors"
+    save_file({**tensors, "wpe": tensors["wpe"][:-1].contiguous()}, str(cases["shape"]), metadata=meta)
+    cases["extra"] = tmp_path / "extra.safetensors"
+    save_file({**tensors, "bogus": torch.zeros(1)}, str(cases["extra"]), metadata=meta)
+    cases["config"] = tmp_path / "config.safetensors"
+    save_file(tensors, str(cases["config"]), metadata={**meta, "config": "{not json"})
+    cases["absent"] = tmp_path / "absent.safetensors"
+    cases["folder"] = tmp_path
+    for name, path in cases.items():
+        with pytest.raises(ValueError, match="^" + str(path).replace("\\", "\\\\") + ": ") as e:
+            load_checkpoint(str(path))
+        assert "\n" not in str(e.value), (name, str(e.value))
+    assert "missing tensors wpe" in str(pytest.raises(ValueError, load_checkpoint, str(cases["missing"])).value)
+    for cmd in (["eval", "--valid", checkpoint], ["generate"]):
+        for path in (cases["half"], cases["missing"]):
+            msg = cli_error(cli, cmd[0], "--checkpoint", str(path), *cmd[1:])
+            assert f"error: {path}: " in msg
