@@ -19,6 +19,7 @@ namespace cpu_sse2 { namespace cpu_detail { extern const cpu_dispatch::KernelTab
 namespace cpu_avx2 { namespace cpu_detail { extern const cpu_dispatch::KernelTable kernel_table; } }
 namespace cpu_avx512 { namespace cpu_detail {
 extern const cpu_dispatch::KernelTable kernel_table;
+extern const cpu_dispatch::KernelTable kernel_table_avx512bf16;
 extern const cpu_dispatch::KernelTable kernel_table_amx;
 } }
 }  // namespace continuum
@@ -30,6 +31,7 @@ namespace {
 const KernelTable* const kTables[kIsaCount] = {&cpu_sse2::cpu_detail::kernel_table,
                                                &cpu_avx2::cpu_detail::kernel_table,
                                                &cpu_avx512::cpu_detail::kernel_table,
+                                               &cpu_avx512::cpu_detail::kernel_table_avx512bf16,
                                                &cpu_avx512::cpu_detail::kernel_table_amx};
 
 Isa best_supported() {
@@ -74,6 +76,7 @@ const char* name(Isa isa) {
     case Isa::sse2: return "sse2";
     case Isa::avx2: return "avx2";
     case Isa::avx512: return "avx512";
+    case Isa::avx512bf16: return "avx512bf16";
     case Isa::amx: return "amx";
   }
   return "?";
@@ -82,7 +85,7 @@ const char* name(Isa isa) {
 Isa parse(const std::string& text) {
   for (int i = 0; i < kIsaCount; ++i)
     if (text == name(Isa(i))) return Isa(i);
-  throw std::invalid_argument("unknown instruction set '" + text + "' (expected sse2, avx2, avx512 or amx)");
+  throw std::invalid_argument("unknown instruction set '" + text + "' (expected sse2, avx2, avx512, avx512bf16 or amx)");
 }
 
 bool supported(Isa isa) {
@@ -96,6 +99,8 @@ bool supported(Isa isa) {
       return supported(Isa::avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512cd");
+    case Isa::avx512bf16:  // CPUID, read by the avx512 object's own check
+      return supported(Isa::avx512) && kTables[int(Isa::avx512bf16)]->usable();
     case Isa::amx:  // the tile permission is asked by the avx512 object's own check (AVX-512 code)
       return supported(Isa::avx512) && kTables[int(Isa::amx)]->usable();
   }

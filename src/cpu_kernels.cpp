@@ -44,23 +44,31 @@ const cpu_dispatch::KernelTable kernel_table = {
 };
 
 #if defined(CONTINUUM_KERNELS_ISA_avx512)
-// The amx "instruction set": these kernels, with the bfloat16 forward's tile
-// products and the backward's score products on AMX-BF16
-// (backends/cpu/amx.hpp) once amx::usable() says so.
+// The bfloat16 units (backends/cpu/bf16_products.hpp) as "instruction sets":
+// these kernels, with the bfloat16 forward's tile products and the
+// backward's score products on AVX512-BF16 vectors ("avx512bf16") or
+// AMX-BF16 tiles ("amx"), once the unit's check says so.
+template <bf16::Unit U>
+constexpr cpu_dispatch::KernelTable unit_table(const char* (*isa)(), bool (*usable)()) {
+  return {
+      isa,
+      {&run_forward<float, ContinuumStencil>, &run_forward<float, SoftmaxStencil>},
+      {&run_forward<double, ContinuumStencil>, &run_forward<double, SoftmaxStencil>},
+      {&run_backward<float, ContinuumStencil>, &run_backward<float, SoftmaxStencil>},
+      {&run_backward<double, ContinuumStencil>, &run_backward<double, SoftmaxStencil>},
+      {&run_forward<bfloat16, ContinuumStencil, U>, &run_forward<bfloat16, SoftmaxStencil, U>},
+      {&run_backward<bfloat16, ContinuumStencil, U>, &run_backward<bfloat16, SoftmaxStencil, U>},
+      {&run_forward<float16, ContinuumStencil>, &run_forward<float16, SoftmaxStencil>},  // bfloat16 units only
+      {&run_backward<float16, ContinuumStencil>, &run_backward<float16, SoftmaxStencil>},
+      usable,
+  };
+}
+inline const char* compiled_isa_avx512bf16() { return "avx512bf16"; }
 inline const char* compiled_isa_amx() { return "amx"; }
-extern const cpu_dispatch::KernelTable kernel_table_amx;
-const cpu_dispatch::KernelTable kernel_table_amx = {
-    &compiled_isa_amx,
-    {&run_forward<float, ContinuumStencil>, &run_forward<float, SoftmaxStencil>},
-    {&run_forward<double, ContinuumStencil>, &run_forward<double, SoftmaxStencil>},
-    {&run_backward<float, ContinuumStencil>, &run_backward<float, SoftmaxStencil>},
-    {&run_backward<double, ContinuumStencil>, &run_backward<double, SoftmaxStencil>},
-    {&run_forward<bfloat16, ContinuumStencil, true>, &run_forward<bfloat16, SoftmaxStencil, true>},
-    {&run_backward<bfloat16, ContinuumStencil, true>, &run_backward<bfloat16, SoftmaxStencil, true>},
-    {&run_forward<float16, ContinuumStencil>, &run_forward<float16, SoftmaxStencil>},  // no tiles for float16
-    {&run_backward<float16, ContinuumStencil>, &run_backward<float16, SoftmaxStencil>},
-    &amx::usable,
-};
+extern const cpu_dispatch::KernelTable kernel_table_avx512bf16, kernel_table_amx;
+const cpu_dispatch::KernelTable kernel_table_avx512bf16 =
+    unit_table<bf16::Unit::avx512bf16>(&compiled_isa_avx512bf16, &bf16::avx512bf16_usable);
+const cpu_dispatch::KernelTable kernel_table_amx = unit_table<bf16::Unit::amx>(&compiled_isa_amx, &bf16::amx_usable);
 #endif
 
 }  // namespace cpu_detail

@@ -657,21 +657,29 @@ struct RestoreIsa {
   continuum::cpu_dispatch::Isa saved = continuum::cpu_dispatch::selected();
   ~RestoreIsa() { continuum::cpu_dispatch::select(saved); }
 };
-inline bool on_amx() { return continuum::cpu_dispatch::selected() == continuum::cpu_dispatch::Isa::amx; }
+/// Whether bfloat16 calls run their products on a bfloat16 unit (AVX512-BF16
+/// or AMX, backends/cpu/bf16_products.hpp) rather than in float FMA.
+inline bool on_bf16_unit() {
+  namespace cd = continuum::cpu_dispatch;
+  return cd::selected() == cd::Isa::avx512bf16 || cd::selected() == cd::Isa::amx;
+}
 #else
-inline bool on_amx() { return continuum::cpu_detail::amx::usable(); }
+inline bool on_bf16_unit() {
+  namespace bf16 = continuum::cpu_detail::bf16;
+  return bf16::amx_usable() || bf16::avx512bf16_usable();
+}
 #endif
 
 /// f() on every vector instruction set this CPU runs (sse2, avx2, avx512),
 /// each selected in turn, the ones it cannot run reported as skipped: the
 /// kernels whose products are the float call's. A build without the dispatch
 /// library (its own -march) runs f() once, unless S is bfloat16 and its
-/// kernels are AMX's (`amx_skip` says why that is skipped).
+/// kernels use a bfloat16 unit (`unit_skip` says why that is skipped).
 template <class S, class F>
-void for_each_vector_isa(const char* what, const char* amx_skip, F&& f) {
+void for_each_vector_isa(const char* what, const char* unit_skip, F&& f) {
 #if defined(CONTINUUM_CPU_DISPATCH)
   namespace cd = continuum::cpu_dispatch;
-  (void)amx_skip;
+  (void)unit_skip;
   RestoreIsa restore;
   for (cd::Isa isa : {cd::Isa::sse2, cd::Isa::avx2, cd::Isa::avx512}) {
     if (!cd::supported(isa)) {
@@ -683,7 +691,7 @@ void for_each_vector_isa(const char* what, const char* amx_skip, F&& f) {
     f();
   }
 #else
-  if (std::is_same<S, continuum::bfloat16>::value && on_amx()) WARN("skipped: " << what << ": " << amx_skip);
+  if (std::is_same<S, continuum::bfloat16>::value && on_bf16_unit()) WARN("skipped: " << what << ": " << unit_skip);
   else f();
 #endif
 }

@@ -29,13 +29,13 @@
 // double stencil, and float16 keeps float's (12ε = 1.5 · 2^-11 would exceed
 // its rounding): their bounds have no such term.
 //
-// On AMX (cpu_dispatch's "amx", backends/cpu/amx.hpp) the forward's P·V
-// product takes the weights rounded to bfloat16, W̃_j = W_j (1 + δ_j) with
+// On a bfloat16 unit (cpu_dispatch's "avx512bf16" and "amx",
+// backends/cpu/bf16_products.hpp) the forward's P·V product takes the weights rounded to bfloat16, W̃_j = W_j (1 + δ_j) with
 // |δ_j| ≤ u, while l = Σ W_j stays float: the output moves by at most
 // |Σ_j W_j δ_j v_j| / l ≤ u · max_j |v_j|, one more u · max|v| in absolute
 // terms. (Q·K's products are exact in float; the sum and c_i ⊗ S_raw have the
-// float bound's form.) The instruction flushes denormal inputs and outputs to
-// zero: a flushed term is below 2^-126 · max|v| in absolute size, far below
+// float bound's form.) Both units' instructions flush denormal inputs and
+// outputs to zero: a flushed term is below 2^-126 · max|v| in absolute size, far below
 // the bound here; the concentrated case below (τ = 0.01, scores 100s apart)
 // has weights far into that range and is held to the same bound.
 #include <catch2/catch.hpp>
@@ -174,9 +174,18 @@ void backward16(Case<float>& c, Call16<S>& x, std::vector<float>& dtau) {
 
 #if defined(CONTINUUM_CPU_DISPATCH)
 namespace cd = continuum::cpu_dispatch;
+/// The bfloat16 units this CPU runs (AVX512-BF16, AMX); skips are reported.
+std::vector<cd::Isa> bf16_units() {
+  std::vector<cd::Isa> out;
+  if (cd::supported(cd::Isa::avx512bf16)) out.push_back(cd::Isa::avx512bf16);
+  else WARN("skipped: bfloat16 on AVX512-BF16 (this CPU has no AVX512-BF16)");
+  if (cd::supported(cd::Isa::amx)) out.push_back(cd::Isa::amx);
+  else WARN("skipped: bfloat16 on AMX (this CPU or kernel has no AMX-BF16 tiles for this process)");
+  return out;
+}
+
 /// The units this CPU can run storage type S on: the vector path (the best
-/// non-AMX kernels) and, for bfloat16, AMX where the CPU and Linux allow it;
-/// skips are reported.
+/// kernels without a bfloat16 unit) and, for bfloat16, its units.
 template <class S>
 std::vector<cd::Isa> units16() {
   std::vector<cd::Isa> out;
@@ -185,9 +194,8 @@ std::vector<cd::Isa> units16() {
       out.push_back(i);
       break;
     }
-  if (!std::is_same<S, bfloat16>::value) return out;  // AMX-BF16 takes bfloat16 only
-  if (cd::supported(cd::Isa::amx)) out.push_back(cd::Isa::amx);
-  else WARN("skipped: bfloat16 on AMX (this CPU or kernel has no AMX-BF16 tiles for this process)");
+  if (!std::is_same<S, bfloat16>::value) return out;  // the units take bfloat16 only
+  for (cd::Isa i : bf16_units()) out.push_back(i);
   return out;
 }
 #endif
@@ -206,6 +214,15 @@ __attribute__((noinline, target("amx-tile"))) void store_tile_config(unsigned ch
 }
 __attribute__((noinline, target("amx-tile"))) void release_tiles() { _tile_release(); }
 #endif
+
+/// " avx512bf16", " amx": the bfloat16 unit the selected kernels use.
+std::string unit_label() {
+#if defined(CONTINUUM_CPU_DISPATCH)
+  return std::string(" ") + cd::name(cd::selected());
+#else
+  return continuum::cpu_detail::bf16::amx_usable() ? " amx" : " avx512bf16";
+#endif
+}
 
 double max_abs_of(const Tensor<float>& t) {
   double m = 0;
@@ -242,8 +259,8 @@ TEMPLATE_TEST_CASE("16-bit storage: forward and backward within one rounding of 
     cd::select(unit);
 #endif
     c.compute = in_double ? continuum::Compute::float64 : continuum::Compute::automatic;
-    // AMX (float compute only): one more u · max|v| from W̃ (header).
-    const double amx_out = !in_double && on_amx() ? u * max_abs_of(c.v) : 0.0;
+    // A bfloat16 unit (float compute only): one more u · max|v| from W̃ (header).
+    const double unit_out = !in_double && bf16 && on_bf16_unit() ? u * max_abs_of(c.v) : 0.0;
     // The bf16-accuracy stencil (bfloat16, continuum, float compute only; header).
     const double eps_stencil = bf16 && !in_double && kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
     const double stencil_out = 2 * eps_stencil * max_abs_of(c.v), stencil_grad = 12 * eps_stencil;
@@ -256,12 +273,12 @@ TEMPLATE_TEST_CASE("16-bit storage: forward and backward within one rounding of 
     const double btol = in_double ? std::ldexp(1.0, -24) + backward_tolerance<double>(max_s, c.D)
                                   : backward_tolerance<float>(max_s, c.D);
     const std::string label =
-        std::string(storage_name<S>()) + (amx_out > 0 ? " amx" : "") + (in_double ? "/compute float64" : "");
+        std::string(storage_name<S>()) + (unit_out > 0 ? unit_label() : "") + (in_double ? "/compute float64" : "");
     INFO(label << " shape " << shape << " vis " << vis << " kernel " << kernel << " max|s| " << max_s);
 
     const Error out = compare(x.o.contiguous(), f.out), l = compare(lse, f.lse);
     record("forward out " + label, out.rel());
-    CHECK(out.max_abs <= (ftol + u) * out.ref_scale + amx_out + stencil_out);
+    CHECK(out.max_abs <= (ftol + u) * out.ref_scale + unit_out + stencil_out);
     CHECK(l.max_abs <= ftol * std::max(1.0, l.ref_scale) + eps_stencil);
 
     const Error dq = compare(x.dq.contiguous(), g.grad_query), dk = compare(x.dk.contiguous(), g.grad_key),
@@ -373,8 +390,8 @@ TEMPLATE_TEST_CASE("16-bit storage: the forward reads keys and values as stored,
   const int shape = GENERATE(0, 1, 2);
   std::vector<continuum::Kernel> kernels = {continuum::Kernel::softmax};
   if (std::is_same<S, float16>::value) kernels.push_back(continuum::Kernel::continuum);
-  for_each_vector_isa<S>(storage_name<S>(), "this build's bfloat16 kernels are AMX's, whose products are not the "
-                         "float call's", [&] {
+  for_each_vector_isa<S>(storage_name<S>(), "this build's bfloat16 kernels use a bfloat16 unit, whose products are "
+                         "not the float call's", [&] {
     for (const continuum::Kernel kernel : kernels) {
       Case<float> c;
       c.B = 1;
@@ -413,19 +430,17 @@ TEMPLATE_TEST_CASE("16-bit storage: the forward reads keys and values as stored,
   });
 }
 
-TEST_CASE("bfloat16 on AMX: concentrated attention, decode rows, FP state and tile state", "[operator][bfloat16]") {
+TEST_CASE("bfloat16 units: concentrated attention, decode rows, a split KV cache, FP state and tile state",
+          "[operator][bfloat16]") {
 #if !defined(CONTINUUM_CPU_DISPATCH)
-  if (!on_amx()) {
-    WARN("skipped: no AMX-BF16 tiles for this process");
+  if (!on_bf16_unit()) {
+    WARN("skipped: no bfloat16 unit (AVX512-BF16, AMX-BF16) for this process");
     return;
   }
+  const std::vector<int> units = {0};
 #else
   RestoreIsa restore;
-  if (!cd::supported(cd::Isa::amx)) {
-    WARN("skipped: no AMX-BF16 tiles for this process");
-    return;
-  }
-  cd::select(cd::Isa::amx);
+  const std::vector<cd::Isa> units = bf16_units();
 #endif
   use_mp_precision();
   const int kernel = GENERATE(0, 1);
@@ -442,78 +457,148 @@ TEST_CASE("bfloat16 on AMX: concentrated attention, decode rows, FP state and ti
   round_inputs(c);
   const auto p = c.problem<mp>();
   const auto f = continuum::reference::forward(p);
+  const auto g = continuum::reference::backward(p, c.grad_out_ref<mp>());
   const double u = std::ldexp(1.0, -8);
-  Bf16Call x(c);
-  std::vector<float> lse;
-#if defined(__x86_64__)
-  const unsigned mxcsr = _mm_getcsr();
-#endif
-#if defined(TEST_AMX_CONFIG)
-  // A caller's own tile configuration (palette 1, tile 0: 3 rows × 12 bytes)
-  // is this thread's again after the call (the kernel saves and restores it).
-  alignas(64) unsigned char mine[64] = {}, after[64] = {};
-  mine[0] = 1;
-  mine[16] = 12;
-  mine[48] = 3;
-  load_tile_config(mine);
-#endif
-  forward16(c, x, lse);
-#if defined(TEST_AMX_CONFIG)
-  store_tile_config(after);
-  release_tiles();
-  CHECK(std::memcmp(mine, after, 64) == 0);
-#endif
-#if defined(__x86_64__)
-  // The caller's FP control state is unchanged (rounding, FTZ, DAZ, exception
-  // masks: AMX flushes denormals without MXCSR); the status flags (bits 0–5)
-  // record the underflows the float stencil raises, as on every path.
-  CHECK((_mm_getcsr() & ~0x3fu) == (mxcsr & ~0x3fu));
-#endif
   // The bf16-accuracy stencil's terms (continuum only; see the header).
   const double eps_stencil = kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
-  const Error out = compare(x.o.contiguous(), f.out);
-  record("forward out bfloat16 amx tau 0.01", out.rel());
-  CHECK(out.max_abs <= (forward_tolerance<float>(max_abs(f.scores), c.D) + u) * out.ref_scale +
-                           (u + 2 * eps_stencil) * max_abs_of(c.v));
-  // The backward's score products (S, dP) on the tiles add no rounding (their
-  // inputs are bfloat16): the float bound plus the output rounding.
-  {
-    const auto g = continuum::reference::backward(p, c.grad_out_ref<mp>());
-    std::vector<float> dtau;
-    backward16(c, x, dtau);
-    const double btol = backward_tolerance<float>(max_abs(f.scores), c.D);
-    const Error dq = compare(x.dq.contiguous(), g.grad_query), dk = compare(x.dk.contiguous(), g.grad_key),
-                dv = compare(x.dv.contiguous(), g.grad_value);
-    record("backward dQ bfloat16 amx tau 0.01", dq.rel());
-    record("backward dK bfloat16 amx tau 0.01", dk.rel());
-    record("backward dV bfloat16 amx tau 0.01", dv.rel());
-    CHECK(dq.max_abs <= (btol + u + 12 * eps_stencil) * dq.ref_scale);
-    CHECK(dk.max_abs <= (btol + u + 12 * eps_stencil) * dk.ref_scale);
-    CHECK(dv.max_abs <= (btol + u + 12 * eps_stencil) * dv.ref_scale);
-  }
-  // A KV-cache decode step (one query, the keys it sees) gives the full
-  // forward's row bit for bit on the tiles too.
-  for (index_t i : {index_t(0), index_t(127), index_t(128), index_t(149)}) {
-    Case<float> d = c;
-    d.Lq = 1;
-    d.alloc();
-    for (index_t h = 0; h < c.Hq; ++h)
-      std::copy(c.q.view.row(0, h, i), c.q.view.row(0, h, i) + c.D, d.q.view.row(0, h, 0));
-    d.k = c.k;
-    d.v = c.v;
-    d.range_lo.assign(1, 0);
-    d.range_hi.assign(1, i + 1);
-    d.vis = continuum::Visibility{};
-    Bf16Call y(d);
-    std::vector<float> l1;
-    forward16(d, y, l1);
-    const std::vector<float> full = x.o.contiguous(), one = y.o.contiguous();
-    for (index_t h = 0; h < c.Hq; ++h) {
-      INFO("query " << i << " head " << h);
-      const float* a = full.data() + (h * c.Lq + i) * c.Dv;
-      const float* b = one.data() + h * c.Dv;
-      CHECK(std::memcmp(a, b, sizeof(float) * std::size_t(c.Dv)) == 0);
+  for (const auto unit : units) {
+#if defined(CONTINUUM_CPU_DISPATCH)
+    cd::select(unit);
+    const bool tiles = unit == cd::Isa::amx;
+#else
+    (void)unit;
+    const bool tiles = continuum::cpu_detail::bf16::amx_usable();
+#endif
+    const std::string label = "bfloat16" + unit_label() + " tau 0.01";
+    INFO(label << " kernel " << kernel);
+    Bf16Call x(c);
+    std::vector<float> lse;
+#if defined(__x86_64__)
+    const unsigned mxcsr = _mm_getcsr();
+#endif
+#if defined(TEST_AMX_CONFIG)
+    // A caller's own tile configuration (palette 1, tile 0: 3 rows × 12 bytes)
+    // is this thread's again after the call (the kernel saves and restores it).
+    alignas(64) unsigned char mine[64] = {}, after[64] = {};
+    mine[0] = 1;
+    mine[16] = 12;
+    mine[48] = 3;
+    if (tiles) load_tile_config(mine);
+#endif
+    forward16(c, x, lse);
+#if defined(TEST_AMX_CONFIG)
+    if (tiles) {
+      store_tile_config(after);
+      release_tiles();
+      CHECK(std::memcmp(mine, after, 64) == 0);
     }
+#endif
+    (void)tiles;
+#if defined(__x86_64__)
+    // The caller's FP control state is unchanged (rounding, FTZ, DAZ, exception
+    // masks: the units flush denormals without MXCSR); the status flags (bits
+    // 0–5) record the underflows the float stencil raises, as on every path.
+    CHECK((_mm_getcsr() & ~0x3fu) == (mxcsr & ~0x3fu));
+#endif
+    const Error out = compare(x.o.contiguous(), f.out);
+    record("forward out " + label, out.rel());
+    CHECK(out.max_abs <= (forward_tolerance<float>(max_abs(f.scores), c.D) + u) * out.ref_scale +
+                             (u + 2 * eps_stencil) * max_abs_of(c.v));
+    // The backward's score products (S, dP) on the unit add no rounding (their
+    // inputs are bfloat16): the float bound plus the output rounding.
+    {
+      std::vector<float> dtau;
+      backward16(c, x, dtau);
+      const double btol = backward_tolerance<float>(max_abs(f.scores), c.D);
+      const Error dq = compare(x.dq.contiguous(), g.grad_query), dk = compare(x.dk.contiguous(), g.grad_key),
+                  dv = compare(x.dv.contiguous(), g.grad_value);
+      record("backward dQ " + label, dq.rel());
+      record("backward dK " + label, dk.rel());
+      record("backward dV " + label, dv.rel());
+      CHECK(dq.max_abs <= (btol + u + 12 * eps_stencil) * dq.ref_scale);
+      CHECK(dk.max_abs <= (btol + u + 12 * eps_stencil) * dk.ref_scale);
+      CHECK(dv.max_abs <= (btol + u + 12 * eps_stencil) * dv.ref_scale);
+    }
+    // A KV-cache decode step (one query, the keys it sees, K and V read as
+    // stored) gives the full forward's row bit for bit on the unit too.
+    for (index_t i : {index_t(0), index_t(127), index_t(128), index_t(149)}) {
+      Case<float> d = c;
+      d.Lq = 1;
+      d.alloc();
+      for (index_t h = 0; h < c.Hq; ++h)
+        std::copy(c.q.view.row(0, h, i), c.q.view.row(0, h, i) + c.D, d.q.view.row(0, h, 0));
+      d.k = c.k;
+      d.v = c.v;
+      d.range_lo.assign(1, 0);
+      d.range_hi.assign(1, i + 1);
+      d.vis = continuum::Visibility{};
+      Bf16Call y(d);
+      std::vector<float> l1;
+      forward16(d, y, l1);
+      const std::vector<float> full = x.o.contiguous(), one = y.o.contiguous();
+      for (index_t h = 0; h < c.Hq; ++h) {
+        INFO("query " << i << " head " << h);
+        const float* a = full.data() + (h * c.Lq + i) * c.Dv;
+        const float* b = one.data() + h * c.Dv;
+        CHECK(std::memcmp(a, b, sizeof(float) * std::size_t(c.Dv)) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("bfloat16 units: a decode step over a split KV cache (GQA, chunk halos, a window) within the bound",
+          "[operator][bfloat16]") {
+  // One query on 8 heads over 2 KV heads and 2·2048 + 37 keys: the forward
+  // splits the keys into 3 chunks (each chunk's first tile takes its halo
+  // score on the unit), reads K and V as stored, and packs each tile for the
+  // unit. Against the double reference: the float bound, one output rounding,
+  // W̃'s u · max|v| and the bf16 stencil's 2ε · max|v| (header).
+#if !defined(CONTINUUM_CPU_DISPATCH)
+  if (!on_bf16_unit()) {
+    WARN("skipped: no bfloat16 unit (AVX512-BF16, AMX-BF16) for this process");
+    return;
+  }
+  const std::vector<int> units = {0};
+#else
+  RestoreIsa restore;
+  const std::vector<cd::Isa> units = bf16_units();
+#endif
+  const int kernel = GENERATE(0, 1);
+  const int window = GENERATE(0, 1);
+  Case<float> c;
+  c.B = 1;
+  c.Hq = 8;
+  c.Hk = 2;
+  c.Lq = 1;
+  c.Lk = 2 * 2048 + 37;
+  c.D = 24;  // not a multiple of the units' 32-element depth step
+  c.Dv = 20;  // nor of their 16-column output blocks
+  c.pad = 3;
+  c.vis.causal = true;
+  if (window) c.vis.window_left = 3000;  // keys [1132, 4133): chunk 0 in part, 1, 2
+  c.kernel = kernel == 0 ? continuum::Kernel::continuum : continuum::Kernel::softmax;
+  c.tau = 0.3f;
+  c.alloc();
+  auto rng = rng_for(5151 + window);
+  c.fill_uniform(rng, -2, 2);
+  round_inputs(c);
+  const auto f = continuum::reference::forward(c.problem<double>());
+  const double u = std::ldexp(1.0, -8), eps_stencil = kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
+  for (const auto unit : units) {
+#if defined(CONTINUUM_CPU_DISPATCH)
+    cd::select(unit);
+#else
+    (void)unit;
+#endif
+    INFO("bfloat16" << unit_label() << " kernel " << kernel << " window " << window);
+    Bf16Call x(c);
+    std::vector<float> lse;
+    forward16(c, x, lse);
+    const Error out = compare(x.o.contiguous(), f.out), l = compare(lse, f.lse);
+    record("forward out bfloat16" + unit_label() + " split decode", out.rel());
+    CHECK(out.max_abs <= (forward_tolerance<float>(max_abs(f.scores), c.D) + u) * out.ref_scale +
+                             (u + 2 * eps_stencil) * max_abs_of(c.v));
+    CHECK(l.max_abs <= forward_tolerance<float>(max_abs(f.scores), c.D) * std::max(1.0, l.ref_scale) + eps_stencil);
   }
 }
 
@@ -521,13 +606,13 @@ namespace {
 
 /// Sends V (L keys × Dv columns of storage type S, one batch, one head)
 /// through a softmax call with all scores 0 (q = k = 0, head_dim 1) on every
-/// instruction set this CPU has but AMX: a query that sees one key returns its
+/// instruction set this CPU has but the bfloat16 units: a query that sees one key returns its
 /// value (weight 1), one that sees two returns their mean, both exact in
 /// float. Every output must be the bits of Eigen's scalar conversion of that
 /// float (round to nearest even), except that −0 comes back +0 (the
-/// accumulator starts at +0: 0 + 1·(−0) = +0). AMX is left out: its
-/// instruction flushes denormal bfloat16 inputs to zero (docs/MATH.md §10),
-/// which the AMX case above bounds instead.
+/// accumulator starts at +0: 0 + 1·(−0) = +0). The bfloat16 units are left
+/// out: their instructions flush denormal bfloat16 inputs to zero
+/// (docs/MATH.md §10), which the units' case above bounds instead.
 template <class S>
 void check_exact_through_softmax(const std::vector<S>& v, index_t L, index_t Dv) {
   const char* type = std::is_same<S, bfloat16>::value ? "bfloat16" : "float16";
@@ -535,7 +620,8 @@ void check_exact_through_softmax(const std::vector<S>& v, index_t L, index_t Dv)
   std::vector<float> lse(static_cast<std::size_t>(L));
   using CV = continuum::TensorView<const S>;
   const std::string what = std::string(type) + " conversions";
-  for_each_vector_isa<S>(what.c_str(), "this build's kernels are AMX's, which flush denormal bfloat16 inputs", [&] {
+  for_each_vector_isa<S>(what.c_str(), "this build's kernels use a bfloat16 unit, which flushes denormal inputs",
+                         [&] {
     for (const index_t right : {index_t(0), index_t(1)}) {
       continuum::ForwardArgs<S> a;
       a.query = CV::bhsd(q.data(), 1, 1, L, 1);
@@ -593,7 +679,7 @@ TEST_CASE("float16 storage: every finite float16 value goes through a call exact
 }
 
 TEST_CASE("bfloat16 storage: every finite bfloat16 value goes through a call exactly, and ties round to even, "
-          "on every instruction set but AMX",
+          "on every instruction set but the bfloat16 units",
           "[operator][bfloat16]") {
   // Slot (key j, column d) of V holds the bit pattern d·1024 + j, or 0 where
   // that pattern is an infinity or NaN: all 65 280 finite bfloat16 values
@@ -636,8 +722,8 @@ TEMPLATE_TEST_CASE("16-bit storage: every key value the float kernels take is wi
       o(static_cast<std::size_t>(L));
   std::vector<float> lse(static_cast<std::size_t>(L));
   using CV = continuum::TensorView<const S>;
-  for_each_vector_isa<S>(storage_name<S>(), "this build's bfloat16 kernels are AMX's, which flush denormal inputs",
-                         [&] {
+  for_each_vector_isa<S>(storage_name<S>(), "this build's bfloat16 kernels use a bfloat16 unit, which flushes "
+                         "denormal inputs", [&] {
     std::size_t wrong = 0;
     for (index_t shift = 0; shift < D; ++shift) {
       for (index_t i = 0; i < L; ++i)

@@ -11,16 +11,17 @@
 //   double storage: the kernels in double;
 //   16-bit storage, bfloat16 or float16 (cpu/storage16.hpp): the call
 //     converted to float (or to double with Compute::float64) once — except
-//     a float forward's keys and values off AMX, read as stored and widened
-//     tile by tile (forward_storage16, tiled::KeyValue) — the
-//     kernels in that type, each output rounded once to the storage type (lse
-//     and dτ stay float). For bfloat16 computed in float the stencil is
-//     evaluated to bfloat16's accuracy (2^-14 relative per term,
-//     cpu/vector_moments.hpp, StencilAccuracy::bf16), and the forward's tile
-//     products and the backward's score products (S, dP) run on AMX-BF16
-//     where the CPU has it (cpu/amx.hpp); float16 keeps float's stencil and
-//     vector products (its outputs hold 11 bits, the bf16 stencil's
-//     gradient bound would not be below their rounding: MATH.md §10).
+//     a float forward's keys and values, read as stored tile by tile
+//     (forward_storage16, tiled::KeyValue) — the kernels in that type, each
+//     output rounded once to the storage type (lse and dτ stay float). For
+//     bfloat16 computed in float the stencil is evaluated to bfloat16's
+//     accuracy (2^-14 relative per term, cpu/vector_moments.hpp,
+//     StencilAccuracy::bf16), and the forward's tile products and the
+//     backward's score products (S, dP) run on a bfloat16 unit where the CPU
+//     has one, AMX-BF16 tiles or AVX512-BF16 vectors (cpu/bf16_products.hpp);
+//     float16 keeps float's stencil and vector products (its outputs hold 11
+//     bits, the bf16 stencil's gradient bound would not be below their
+//     rounding: MATH.md §10).
 // Rows that double cannot hold (raw scores beyond DBL_MAX, scores beyond 4096
 // from a tiny τ: MATH.md §10, appendix A W12, W13) go on to the same kernels
 // in long double. Rows that see a NaN or an Inf get NaN outputs (tiled.hpp,
@@ -65,7 +66,8 @@ template <class T, class Stencil>
 void backward_declined(const BackwardArgs<T>& a, const AttentionShape& sh, double scale,
                        const std::vector<index_t>& rows, std::vector<double>& dtau_rows);
 template <class Stencil, class T>
-void forward_storage16(const ForwardArgs<T>& a, const AttentionShape& sh, double scale, StencilAccuracy accuracy);
+void forward_storage16(const ForwardArgs<T>& a, const AttentionShape& sh, double scale, StencilAccuracy accuracy,
+                       bf16::Unit unit);
 
 /// The rows `rows` (null = every row) of a call computed in the wider type
 /// W: the arguments converted once, the tiled kernels in W on those rows (the
@@ -73,34 +75,32 @@ void forward_storage16(const ForwardArgs<T>& a, const AttentionShape& sh, double
 /// into the caller's arguments.
 template <class W, class Stencil, class T>
 void forward_widened(const ForwardArgs<T>& a, const AttentionShape& sh, double scale,
-                     const std::vector<index_t>* rows, bool use_amx = false,
-                     StencilAccuracy accuracy = StencilAccuracy::full) {
-  if constexpr (is_storage16_v<T> && std::is_same<W, float>::value)
-    if (!rows && !use_amx) return forward_storage16<Stencil>(a, sh, scale, accuracy);
+                     const std::vector<index_t>* rows) {
   const WideForward<W, T> w(a, sh);
   const std::vector<char> subset = rows ? subset_of(*rows, sh.rows()) : std::vector<char>();
   tiled::forward_tiled<W, Stencil>(w.args, scale, rows ? subset.data() : nullptr,
                                      [&](const std::vector<index_t>& declined) {
                                        forward_declined<W, Stencil>(w.args, sh, scale, declined);
-                                     },
-                                     use_amx, accuracy);
+                                     });
   if (rows)
     for_rows(index_t(rows->size()), w.threads, [&](index_t r) { w.narrow(a, (*rows)[std::size_t(r)]); });
   else
     for_rows(sh.rows(), w.threads, [&](index_t r) { w.narrow(a, r); });
 }
 
-/// A whole forward of 16-bit storage computed in float by the vector
-/// kernels: Q and the outputs copied, the keys and values read as they are
-/// (tiled::KeyValue: a decode step never copies its KV cache), each output
-/// rounded once. The rows float cannot hold go to double from the caller's
+/// A whole forward of 16-bit storage computed in float: Q and the outputs
+/// copied, the keys and values read as they are (tiled::KeyValue: a decode
+/// step never copies its KV cache), the tile products on `unit` (bfloat16
+/// storage: bf16_products.hpp) or the vector kernels, each output rounded
+/// once. The rows float cannot hold go to double from the caller's
 /// arguments, after the others are written.
 template <class Stencil, class T>
-void forward_storage16(const ForwardArgs<T>& a, const AttentionShape& sh, double scale, StencilAccuracy accuracy) {
+void forward_storage16(const ForwardArgs<T>& a, const AttentionShape& sh, double scale, StencilAccuracy accuracy,
+                       bf16::Unit unit) {
   const WideForward<float, T> w(a, sh, /*widen_kv=*/false);
   std::vector<index_t> declined;
   tiled::forward_tiled<float, Stencil>(w.args, tiled::KeyValue<T>{a.key, a.value}, scale, nullptr,
-                                       [&](const std::vector<index_t>& rows) { declined = rows; }, false, accuracy);
+                                       [&](const std::vector<index_t>& rows) { declined = rows; }, unit, accuracy);
   for_rows(sh.rows(), w.threads, [&](index_t r) { w.narrow(a, r); });
   if (!declined.empty()) forward_widened<double, Stencil>(a, sh, scale, &declined);
 }
@@ -110,8 +110,8 @@ void forward_storage16(const ForwardArgs<T>& a, const AttentionShape& sh, double
 /// entries of dtau_rows. Without: the whole call, every output written.
 template <class W, class Stencil, class T>
 void backward_widened(const BackwardArgs<T>& a, const AttentionShape& sh, double scale,
-                      const std::vector<index_t>* rows, std::vector<double>& dtau_rows, bool use_amx = false,
-                      StencilAccuracy accuracy = StencilAccuracy::full) {
+                      const std::vector<index_t>* rows, std::vector<double>& dtau_rows,
+                      bf16::Unit unit = bf16::Unit::none, StencilAccuracy accuracy = StencilAccuracy::full) {
   const WideBackward<W, T> w(a, sh);
   const std::vector<char> subset = rows ? subset_of(*rows, sh.rows()) : std::vector<char>();
   const std::vector<double> dtau = tiled::backward_tiled<W, Stencil>(
@@ -119,7 +119,7 @@ void backward_widened(const BackwardArgs<T>& a, const AttentionShape& sh, double
       [&](const std::vector<index_t>& declined, std::vector<double>& dt) {
         backward_declined<W, Stencil>(w.args, sh, scale, declined, dt);
       },
-      use_amx, accuracy);
+      unit, accuracy);
   const auto assign = [](T* o, const W* x, index_t n) { convert_n(x, o, n); };
   const auto add = [](T* o, const W* x, index_t n) {
     for (index_t d = 0; d < n; ++d) o[d] = T(W(o[d]) + x[d]);
@@ -168,18 +168,19 @@ constexpr StencilAccuracy stencil_accuracy() {
 }
 
 /// The CPU forward of one validated call (attention_impl<cpu_t>::forward),
-/// compiled for this translation unit's instruction set (isa.hpp). Amx: with
-/// bfloat16 storage computed in float, the tile products on AMX-BF16
-/// (cpu/amx.hpp; the caller checked amx::usable()).
-template <class T, class Stencil, bool Amx = false>
+/// compiled for this translation unit's instruction set (isa.hpp). Unit: with
+/// bfloat16 storage computed in float, the bfloat16 unit of the tile products
+/// (cpu/bf16_products.hpp; the caller checked bf16::usable(Unit)).
+template <class T, class Stencil, bf16::Unit Unit = bf16::Unit::none>
 void run_forward(const ForwardArgs<T>& args, const AttentionShape& shape, double scale) {
   static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value || is_storage16_v<T>,
                 "continuum CPU backend: T must be float, double, continuum::bfloat16 or continuum::float16");
-  static_assert(!Amx || std::is_same<T, bfloat16>::value, "AMX-BF16 tiles take bfloat16 storage only");
+  static_assert(Unit == bf16::Unit::none || std::is_same<T, bfloat16>::value,
+                "the bfloat16 units take bfloat16 storage only");
   if constexpr (!std::is_same<T, double>::value) {  // float or 16-bit storage
     if (args.compute == Compute::float64) return forward_widened<double, Stencil>(args, shape, scale, nullptr);
     if constexpr (is_storage16_v<T>)  // storage only: computed in float
-      return forward_widened<float, Stencil>(args, shape, scale, nullptr, Amx, stencil_accuracy<T>());
+      return forward_storage16<Stencil>(args, shape, scale, stencil_accuracy<T>(), Unit);
   }
   if constexpr (!is_storage16_v<T>)
     tiled::forward_tiled<T, Stencil>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
@@ -188,12 +189,13 @@ void run_forward(const ForwardArgs<T>& args, const AttentionShape& shape, double
 }
 
 /// The CPU backward of one validated call (attention_impl<cpu_t>::backward);
-/// Amx as for run_forward (the score products S and dP on AMX-BF16).
-template <class T, class Stencil, bool Amx = false>
+/// Unit as for run_forward (the score products S and dP on it).
+template <class T, class Stencil, bf16::Unit Unit = bf16::Unit::none>
 void run_backward(const BackwardArgs<T>& args, const AttentionShape& shape, double scale) {
   static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value || is_storage16_v<T>,
                 "continuum CPU backend: T must be float, double, continuum::bfloat16 or continuum::float16");
-  static_assert(!Amx || std::is_same<T, bfloat16>::value, "AMX-BF16 tiles take bfloat16 storage only");
+  static_assert(Unit == bf16::Unit::none || std::is_same<T, bfloat16>::value,
+                "the bfloat16 units take bfloat16 storage only");
   std::vector<double> dtau_rows;
   bool done = false;
   if constexpr (!std::is_same<T, double>::value) {  // float or 16-bit storage
@@ -201,7 +203,7 @@ void run_backward(const BackwardArgs<T>& args, const AttentionShape& shape, doub
       backward_widened<double, Stencil>(args, shape, scale, nullptr, dtau_rows);
       done = true;
     } else if constexpr (is_storage16_v<T>) {  // storage only: computed in float
-      backward_widened<float, Stencil>(args, shape, scale, nullptr, dtau_rows, Amx, stencil_accuracy<T>());
+      backward_widened<float, Stencil>(args, shape, scale, nullptr, dtau_rows, Unit, stencil_accuracy<T>());
       done = true;
     }
   }
@@ -229,8 +231,12 @@ struct attention_impl<cpu_t> {
 #if defined(CONTINUUM_CPU_DISPATCH)
     cpu_dispatch::forward(args, shape, scale, Stencil{});
 #else
-    if constexpr (std::is_same<T, bfloat16>::value)
-      if (cpu_detail::amx::usable()) return cpu_detail::run_forward<T, Stencil, true>(args, shape, scale);
+    namespace bf16 = cpu_detail::bf16;
+    if constexpr (std::is_same<T, bfloat16>::value) {
+      if (bf16::amx_usable()) return cpu_detail::run_forward<T, Stencil, bf16::Unit::amx>(args, shape, scale);
+      if (bf16::avx512bf16_usable())
+        return cpu_detail::run_forward<T, Stencil, bf16::Unit::avx512bf16>(args, shape, scale);
+    }
     cpu_detail::run_forward<T, Stencil>(args, shape, scale);
 #endif
   }
@@ -239,8 +245,12 @@ struct attention_impl<cpu_t> {
 #if defined(CONTINUUM_CPU_DISPATCH)
     cpu_dispatch::backward(args, shape, scale, Stencil{});
 #else
-    if constexpr (std::is_same<T, bfloat16>::value)
-      if (cpu_detail::amx::usable()) return cpu_detail::run_backward<T, Stencil, true>(args, shape, scale);
+    namespace bf16 = cpu_detail::bf16;
+    if constexpr (std::is_same<T, bfloat16>::value) {
+      if (bf16::amx_usable()) return cpu_detail::run_backward<T, Stencil, bf16::Unit::amx>(args, shape, scale);
+      if (bf16::avx512bf16_usable())
+        return cpu_detail::run_backward<T, Stencil, bf16::Unit::avx512bf16>(args, shape, scale);
+    }
     cpu_detail::run_backward<T, Stencil>(args, shape, scale);
 #endif
   }

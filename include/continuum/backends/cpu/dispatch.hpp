@@ -21,13 +21,15 @@ namespace cpu_dispatch {
 
 /// The instruction sets that kernels are built for, lowest first. Each one's
 /// CPUID requirements: sse2 — x86-64; avx2 — AVX2, FMA, BMI1, BMI2 (F16C, built with, comes with AVX2); avx512 —
-/// those and AVX-512 F, BW, DQ, VL, CD; amx — the avx512 kernels with the
-/// bfloat16 forward's tile products on AMX-BF16 tiles (backends/cpu/amx.hpp):
-/// avx512, AMX-TILE, AMX-BF16, and Linux's permission for the tile data.
-enum class Isa { sse2 = 0, avx2 = 1, avx512 = 2, amx = 3 };
-inline constexpr int kIsaCount = 4;
+/// those and AVX-512 F, BW, DQ, VL, CD; avx512bf16 — the avx512 kernels with
+/// bfloat16 storage's tile products on AVX512-BF16 vectors
+/// (backends/cpu/bf16_products.hpp): avx512 and AVX512-BF16; amx — the same
+/// on AMX-BF16 tiles: avx512, AMX-TILE, AMX-BF16, and Linux's permission for
+/// the tile data. (A CPU with AMX has AVX512-BF16 too; amx is preferred.)
+enum class Isa { sse2 = 0, avx2 = 1, avx512 = 2, avx512bf16 = 3, amx = 4 };
+inline constexpr int kIsaCount = 5;
 
-/// "sse2", "avx2", "avx512", "amx".
+/// "sse2", "avx2", "avx512", "avx512bf16", "amx".
 const char* name(Isa isa);
 
 /// Whether the running CPU and operating system can run isa's kernels.
@@ -35,7 +37,7 @@ bool supported(Isa isa);
 
 /// The instruction set of every later call: the best one the CPU supports, or
 /// the one the environment variable CONTINUUM_CPU_ISA names (sse2, avx2,
-/// avx512, amx; read once, at the first call), or the last select().
+/// avx512, avx512bf16, amx; read once, at the first call), or the last select().
 /// \throws std::invalid_argument when CONTINUUM_CPU_ISA names an unknown
 ///         instruction set or one this CPU cannot run.
 Isa selected();
@@ -46,7 +48,8 @@ Isa selected();
 /// \throws std::invalid_argument when the CPU cannot run isa's kernels.
 void select(Isa isa);
 
-/// The instruction set named `text` ("sse2", "avx2", "avx512", "amx").
+/// The instruction set named `text` ("sse2", "avx2", "avx512", "avx512bf16",
+/// "amx").
 /// \throws std::invalid_argument naming the accepted names.
 Isa parse(const std::string& text);
 
@@ -75,7 +78,7 @@ struct KernelTable {
   Backward<bfloat16> backward_bf16[2];
   Forward<float16> forward_f16[2];
   Backward<float16> backward_f16[2];
-  bool (*usable)();  // a run-time check beyond CPUID (amx: the tile permission), or null
+  bool (*usable)();  // a check beyond AVX-512 (avx512bf16: CPUID; amx: CPUID and the tile permission), or null
 };
 
 }  // namespace cpu_dispatch

@@ -46,9 +46,10 @@
 // each row sees (row_eligibility). Score products of hidden pairs are formed in
 // the S and dP tiles (element by element, never summed) and never read.
 // The Lq × Lk matrices are never stored: memory is O(tiles + rows).
-// bfloat16 storage computed in float (use_amx, where amx::usable()): the
-// forward's S and P·V and the backward's S and dP products run on AMX-BF16
-// tiles (amx.hpp, MATH.md §10, "bfloat16 on AMX"), the rest as above.
+// bfloat16 storage computed in float, on a bfloat16 unit (bf16::Unit: AMX-BF16
+// tiles or AVX512-BF16 vectors, where the CPU has one): the forward's S and
+// P·V and the backward's S and dP products run on it (bf16_products.hpp,
+// MATH.md §10, "bfloat16 products"), the rest as above.
 // 16-bit keys and values (KeyValue<S>, S = bfloat16 or float16) are read by
 // the forward in their storage type, so that a decode step never copies its
 // whole KV cache to float: a key tile is widened in registers (exactly) as it
@@ -83,7 +84,7 @@
 #include "../../attention/params.hpp"
 #include "../../attention/visibility.hpp"
 #include "../row_state.hpp"
-#include "amx.hpp"
+#include "bf16_products.hpp"
 #include "storage16.hpp"
 #include "tile_gemm.hpp"
 #include "vector_moments.hpp"
@@ -621,7 +622,7 @@ index_t row_eligibility(const TensorView<const T>& query, const TensorView<const
           // formed in T and folded into q: c and c·q must fit T.
           const A qn = std::sqrt(q2), kmax = std::sqrt(k2), vmax = std::sqrt(v2), gm = std::sqrt(g2);
           const A tmax = A(std::numeric_limits<T>::max());
-          // unscaled_scores: the AMX products form q·k before c (amx.hpp), so
+          // unscaled_scores: the bfloat16 products form q·k before c, so
           // that must fit T too.
           bool fine = tau > 0 && c <= tmax && c * qn <= tmax / 2 && (!unscaled_scores || qn * kmax <= tmax / 2) &&
                       c * qn * kmax <= A(kMaxScore<T>) &&
@@ -915,16 +916,20 @@ struct ForwardWorkspace {
   std::vector<RowRange> range;
   std::vector<index_t> kb, ke;  // per row, the keys [kb, ke) of its P·V terms in the tile
   std::vector<T> map_s, map_w;  // one row's scores and weights (inspection maps only)
-  // The tile products on AMX (amx.hpp; bfloat16 storage computed in float):
-  // rows rounded up to whole tiles, depth D and width Dv padded to Dp, Dvp;
-  // Q's bfloat16 bits (unscaled), c_i, the packed K and V tiles, W̃'s bits,
-  // which keys of the tile some row of the task sees, and the halo's scores.
-  bool amx = false;
+  // The tile products on a bfloat16 unit (bf16_products.hpp; bfloat16
+  // storage computed in float): rows rounded up to whole tiles, depth D and
+  // width Dv padded to Dp, Dvp; Q's bfloat16 bits (unscaled), c_i, the packed
+  // K and V tiles, W̃'s bits, which keys of the tile some row of the task
+  // sees, the halo's scores, and (K, V stored as bfloat16) the halo key's
+  // value row widened.
+  bf16::Unit unit = bf16::Unit::none;
+  bool on_unit() const { return unit != bf16::Unit::none; }
   // The stencil's accuracy: bf16 for bfloat16 storage computed in float.
   StencilAccuracy accuracy = StencilAccuracy::full;
   index_t Dp = 0, Dvp = 0;
   std::vector<std::uint16_t> qb, kp, vp, wb;
-  std::vector<T> c, halo;
+  std::vector<T> c, halo, vhalo;
+  const T* vh = nullptr;  // the value row of the tile's halo key, in T
   std::vector<char> seen;
   std::vector<int> cover;
   // Values stored in another type than T (KeyValue<S>): the value rows of
@@ -933,25 +938,26 @@ struct ForwardWorkspace {
   std::vector<T> vstage;
   /// rows: the most query rows of one task (≤ kBr; a decode step has a few);
   /// stage: keys and values stored in another type than T.
-  ForwardWorkspace(index_t D, index_t Dv, index_t rows, bool use_amx = false, bool stage = false)
-      : q(rows, D), kt(D, kBc), m(rows), l(rows), range(rows), kb(rows), ke(rows), amx(use_amx) {
-    if (stage) vstage.resize(std::size_t((kBc + 1) * Dv));
-    const index_t nr = amx ? round_up(rows, amx::kRows) : rows;
+  ForwardWorkspace(index_t D, index_t Dv, index_t rows, bf16::Unit on = bf16::Unit::none, bool stage = false)
+      : q(rows, D), kt(D, kBc), m(rows), l(rows), range(rows), kb(rows), ke(rows), unit(on) {
+    if (stage && !on_unit()) vstage.resize(std::size_t((kBc + 1) * Dv));
+    if (stage && on_unit()) vhalo.resize(std::size_t(Dv));
+    const index_t nr = on_unit() ? round_up(rows, bf16::kRows) : rows;
     s = RowMatrix<T>::Zero(nr, kBc + 1 + kPad<T>);
     w.resize(nr, kBc + 1 + kPad<T>);
-    if (amx) {
-      Dp = round_up(D, amx::kStep);
-      Dvp = round_up(Dv, amx::kCols);
+    if (on_unit()) {
+      Dp = round_up(D, bf16::kStep);
+      Dvp = round_up(Dv, bf16::kCols);
       qb.assign(std::size_t(nr * Dp), 0);
       kp.resize(std::size_t(kBc * Dp));
       vp.resize(std::size_t(kBc * Dvp));
       wb.assign(std::size_t(nr * kBc), 0);
       c.resize(std::size_t(nr));
-      halo.resize(std::size_t(nr * amx::kCols));
+      halo.resize(std::size_t(nr * bf16::kCols));
       seen.resize(std::size_t(kBc));
       cover.resize(std::size_t(kBc + 1));
     }
-    o.resize(nr, amx ? Dvp : Dv);
+    o.resize(nr, on_unit() ? Dvp : Dv);
   }
 };
 
@@ -984,7 +990,7 @@ void pack_tile(const KeyValue<S>& kv, index_t b, index_t hk, index_t k0, index_t
 /// The inspection maps of one finished row (small inputs; MATH.md §5), each
 /// Lk entries, zero outside the visible keys [lo, hi): P_j = α_j / Z, the
 /// kernel's own stencil weights taken over the whole visible range at once
-/// (on AMX the scores here are the vector path's (c q)·k, which agree with the
+/// (on a bfloat16 unit the scores here are the vector path's (c q)·k, which agree with the
 /// tiles' c ⊗ (q·k) to float rounding, not bit for bit),
 /// and π_j = the half-token cell mass / Z. qs is the row's query scaled by c,
 /// m and l its final maximum and Σ α e^{-m}.
@@ -1044,14 +1050,14 @@ void write_row(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, index_
   const bool empty = !(ws.l[r] > T(0));
   T* out = a.out.row(b, h, i);
   const T inv = empty ? T(0) : T(1) / ws.l[r];
-  // AMX: an accumulator can be −0 (a tiny negative sum flushed to zero by the
-  // tiles), and the 0 · v of a key that only other rows of the task see
+  // A bfloat16 unit: an accumulator can be −0 (a tiny negative sum flushed to
+  // zero by the unit), and the 0 · v of a key that only other rows of the task see
   // (+0 or −0) would then decide its sign: + 0 makes every zero +0, so that
   // no bit depends on data the row cannot see.
   const T plus_zero = T(0);
   for (index_t d = 0; d < Dv; ++d) {
     T x = empty ? T(0) : ws.o(r, d) * inv;
-    if (ws.amx) x += plus_zero;
+    if (ws.on_unit()) x += plus_zero;
     out[d] = x;
   }
   if (a.lse) a.lse[(b * Hq + h) * Lq + i] = empty ? -std::numeric_limits<T>::infinity() : ws.m[r] + std::log(ws.l[r]);
@@ -1062,23 +1068,30 @@ void write_row(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, index_
   }
 }
 
-// The AMX steps of forward_block (amx.hpp); kAmx<T>: T is float and this
-// translation unit has the tile kernels. Each is a no-op elsewhere (ws.amx is
-// then never set).
-#if defined(CONTINUUM_CPU_AMX)
+// The bfloat16-unit steps of forward_block (bf16_products.hpp); kBf16<T>: T
+// is float and this translation unit has the units' kernels. Each is a no-op
+// elsewhere (ws.unit is then never set). K and V are read from kv: a's own
+// (floats holding bfloat16 values) or bfloat16 as stored (a KV cache, never
+// widened as a whole).
+#if defined(CONTINUUM_CPU_AVX512BF16)
 template <class T>
-inline constexpr bool kAmx = std::is_same<T, float>::value;
+inline constexpr bool kBf16 = std::is_same<T, float>::value;
 #else
 template <class T>
-inline constexpr bool kAmx = false;
+inline constexpr bool kBf16 = false;
 #endif
 
-/// Packs the key and value tile [k0, k0 + nc) for the AMX products (keys that
-/// no row of the task sees are zeros: their data is never loaded).
-template <class T>
-void pack_tile_amx(const ForwardArgs<T>& a, index_t b, index_t hk, index_t k0, index_t nc, index_t nr, index_t ncp,
-                   ForwardWorkspace<T>& ws) {
-  if constexpr (kAmx<T>) {
+/// The rows of the 16-row block at g that a unit computes: those below nr
+/// (AMX computes the whole block, whose rows past nr are zeros).
+inline index_t block_rows(index_t g, index_t nr) { return std::min(bf16::kRows, nr - g); }
+
+/// Packs the key and value tile [k0, k0 + nc) for the unit's products (keys
+/// that no row of the task sees are zeros: their data is never loaded), and
+/// points ws.vh at the value row of key k0 − 1 in float (the halo's P·V term).
+template <class T, class S>
+void pack_tile_bf16(const KeyValue<S>& kv, index_t b, index_t hk, index_t k0, index_t nc, index_t nr, index_t ncp,
+                    ForwardWorkspace<T>& ws) {
+  if constexpr (kBf16<T>) {
     std::fill(ws.cover.begin(), ws.cover.begin() + nc + 1, 0);
     for (index_t r = 0; r < nr; ++r) {
       const index_t lo = std::max(ws.range[r].lo, k0) - k0, hi = std::min(ws.range[r].hi, k0 + nc) - k0;
@@ -1086,81 +1099,86 @@ void pack_tile_amx(const ForwardArgs<T>& a, index_t b, index_t hk, index_t k0, i
     }
     int run = 0;
     for (index_t j = 0; j < nc; ++j) ws.seen[std::size_t(j)] = char((run += ws.cover[std::size_t(j)]) > 0);
-    amx::pack_keys(a.key.row(b, hk, k0), a.key.stride_seq, nc, a.key.dim, ws.Dp, ws.seen.data(),
-                   ncp / amx::kCols, ws.kp.data());
-    amx::pack_values(a.value.row(b, hk, k0), a.value.stride_seq, nc, a.value.dim, ws.Dvp, ws.seen.data(),
-                     round_up(nc, amx::kStep) / amx::kStep, ws.vp.data());
+    bf16::pack_keys(kv.key.row(b, hk, k0), kv.key.stride_seq, nc, kv.key.dim, ws.Dp, ws.seen.data(),
+                    ncp / bf16::kCols, ws.kp.data());
+    bf16::pack_values(kv.value.row(b, hk, k0), kv.value.stride_seq, nc, kv.value.dim, ws.Dvp, ws.seen.data(),
+                      round_up(nc, bf16::kStep) / bf16::kStep, ws.vp.data());
+    ws.vh = nullptr;
+    if (k0 > 0) {
+      const S* v = kv.value.row(b, hk, k0 - 1);
+      if constexpr (std::is_same<S, T>::value) {
+        ws.vh = v;
+      } else {
+        convert_n(v, ws.vhalo.data(), kv.value.dim);
+        ws.vh = ws.vhalo.data();
+      }
+    }
   }
 }
 
-/// S_raw of rows [g0, g1) (whole tiles) for the tile keys [j0, j1) (multiples
-/// of 16), into the score tile's columns 1 + j.
+/// S_raw of rows [g0, g1) (whole 16-row blocks; nr rows in all) for the tile
+/// keys [j0, j1) (multiples of 16), into the score tile's columns 1 + j.
 template <class T>
-void scores_amx(index_t g0, index_t g1, index_t j0, index_t j1, ForwardWorkspace<T>& ws) {
-  if constexpr (kAmx<T>) {
-#if defined(CONTINUUM_CPU_AMX)
+void scores_bf16(index_t g0, index_t g1, index_t nr, index_t j0, index_t j1, ForwardWorkspace<T>& ws) {
+  if constexpr (kBf16<T>) {
     const index_t lds = ws.s.cols();
-    for (index_t g = g0; g < g1; g += amx::kRows)
-      amx::scores(ws.qb.data() + g * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), j0 / amx::kCols,
-                  (j1 + amx::kCols - 1) / amx::kCols, ws.s.data() + g * lds + 1 + j0, lds);
-#endif
+    for (index_t g = g0; g < g1 && g < nr; g += bf16::kRows)
+      bf16::scores(ws.unit, ws.qb.data() + g * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), j0 / bf16::kCols,
+                   (j1 + bf16::kCols - 1) / bf16::kCols, ws.s.data() + g * lds + 1 + j0, lds, block_rows(g, nr));
   }
 }
 
 /// Row r's weights W (tile columns [ce0, cv1)) as W̃ = bfloat16(W) for the
-/// P·V tiles; the halo key's term (column 0, the previous tile's last key,
-/// value row vhalo) goes into the accumulators first, in float.
+/// P·V product; the halo key's term (column 0, the previous tile's last key,
+/// value row ws.vh) goes into the accumulators first, in float.
 template <class T>
-void weights_amx(const T* vhalo, index_t Dv, index_t ce0, index_t cv1, index_t r, ForwardWorkspace<T>& ws) {
-  if constexpr (kAmx<T>) {
+void weights_bf16(index_t Dv, index_t ce0, index_t cv1, index_t r, ForwardWorkspace<T>& ws) {
+  if constexpr (kBf16<T>) {
     const T* wr = ws.w.row(r).data();
     std::uint16_t* wb = ws.wb.data() + r * kBc;
     if (ce0 == 0) {
-      const T w0 = amx::round_bf16(wr[0]);
+      const T w0 = bf16::round_bf16(wr[0]);
       T* orow = ws.o.row(r).data();
-      for (index_t d = 0; d < Dv; ++d) orow[d] = madd(w0, vhalo[d], orow[d]);
+      for (index_t d = 0; d < Dv; ++d) orow[d] = madd(w0, ws.vh[d], orow[d]);
     }
-    for (index_t cc = std::max<index_t>(ce0, 1); cc < cv1; ++cc) wb[cc - 1] = amx::bits_rounded(wr[cc]);
+    for (index_t cc = std::max<index_t>(ce0, 1); cc < cv1; ++cc) wb[cc - 1] = bf16::bits_rounded(wr[cc]);
   }
 }
 
-/// O += W̃ · V for rows [g0, g1) (whole tiles) over n_steps key steps.
+/// O += W̃ · V for rows [g0, g1) (whole 16-row blocks; nr rows in all) over
+/// n_steps key steps.
 template <class T>
-void accumulate_amx(index_t g0, index_t g1, index_t n_steps, ForwardWorkspace<T>& ws) {
-  if constexpr (kAmx<T>) {
-#if defined(CONTINUUM_CPU_AMX)
+void accumulate_bf16(index_t g0, index_t g1, index_t nr, index_t n_steps, ForwardWorkspace<T>& ws) {
+  if constexpr (kBf16<T>) {
     const index_t ldo = ws.o.cols();
-    for (index_t g = g0; g < g1; g += amx::kRows)
-      amx::accumulate(ws.wb.data() + g * kBc, kBc, n_steps, ws.vp.data(), ws.Dvp, ws.o.data() + g * ldo, ldo);
-#endif
+    for (index_t g = g0; g < g1 && g < nr; g += bf16::kRows)
+      bf16::accumulate(ws.unit, ws.wb.data() + g * kBc, kBc, n_steps, ws.vp.data(), ws.Dvp, ws.o.data() + g * ldo,
+                       ldo, block_rows(g, nr));
   }
 }
 
-/// The halo score (key k0 − 1) of the first tile of a chunk, on the AMX tiles
-/// as the previous chunk's last tile computes it: key k0 − 1 alone in a
-/// block of 16 (per-element products: the other columns do not matter).
-template <class T>
-void chunk_halo_amx(const ForwardArgs<T>& a, index_t b, index_t hk, index_t k0, index_t nr, index_t nr_tiles,
-                    ForwardWorkspace<T>& ws) {
-  if constexpr (kAmx<T>) {
+/// The halo score (key k0 − 1) of the first tile of a chunk, on the unit as
+/// the previous chunk's last tile computes it: key k0 − 1 alone in a block of
+/// 16 (per-element products: the other columns do not matter).
+template <class T, class S>
+void chunk_halo_bf16(const KeyValue<S>& kv, index_t b, index_t hk, index_t k0, index_t nr, ForwardWorkspace<T>& ws) {
+  if constexpr (kBf16<T>) {
     bool needed = false;  // key k0 − 1 is loaded only when a row sees it
     for (index_t r = 0; r < nr; ++r) needed |= ws.range[r].lo < k0 && ws.range[r].hi > k0;
     if (!needed) {
       for (index_t r = 0; r < nr; ++r) ws.s(r, 0) = T(0);
       return;
     }
-    std::fill(ws.seen.begin(), ws.seen.begin() + amx::kCols, char(0));
-    ws.seen[amx::kCols - 1] = 1;
-    amx::pack_keys(a.key.row(b, hk, k0 - amx::kCols), a.key.stride_seq, amx::kCols, a.key.dim, ws.Dp,
-                   ws.seen.data(), 1, ws.kp.data());
-#if defined(CONTINUUM_CPU_AMX)
-    for (index_t g = 0; g < nr_tiles; g += amx::kRows)
-      amx::scores(ws.qb.data() + g * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), 0, 1, ws.halo.data() + g * amx::kCols,
-                  amx::kCols);
-#endif
+    std::fill(ws.seen.begin(), ws.seen.begin() + bf16::kCols, char(0));
+    ws.seen[bf16::kCols - 1] = 1;
+    bf16::pack_keys(kv.key.row(b, hk, k0 - bf16::kCols), kv.key.stride_seq, bf16::kCols, kv.key.dim, ws.Dp,
+                    ws.seen.data(), 1, ws.kp.data());
+    for (index_t g = 0; g < nr; g += bf16::kRows)
+      bf16::scores(ws.unit, ws.qb.data() + g * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), 0, 1,
+                   ws.halo.data() + g * bf16::kCols, bf16::kCols, block_rows(g, nr));
     for (index_t r = 0; r < nr; ++r)
       ws.s(r, 0) = ws.range[r].lo < k0 && ws.range[r].hi > k0
-                       ? ws.c[std::size_t(r)] * ws.halo[std::size_t(r * amx::kCols + amx::kCols - 1)]
+                       ? ws.c[std::size_t(r)] * ws.halo[std::size_t(r * bf16::kCols + bf16::kCols - 1)]
                        : T(0);
   }
 }
@@ -1176,7 +1194,7 @@ void chunk_halo_amx(const ForwardArgs<T>& a, index_t b, index_t hk, index_t k0, 
 /// split task, multiples of kBc; else [0, Lk)): with `partial` null its rows
 /// are finished and written, else their state (m, l, o) goes to
 /// partial[r · (Dv + 2) + …] (finish_split). The keys and values are read
-/// from kv (KeyValue); the AMX steps (S = T only) read a's, the same views.
+/// from kv (KeyValue), by the bfloat16 unit's steps too.
 template <class T, class Stencil, class S>
 void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, index_t h0, index_t nh, index_t i0,
                    index_t i1, double scale, ForwardWorkspace<T>& ws, const char* ok, index_t ka, index_t kz,
@@ -1200,20 +1218,20 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
       kmax = std::max(kmax, ws.range[r].hi);
     }
     const T c = scaled_query(a, b, h, i, scale, ws.q.row(r).data());
-    if constexpr (kAmx<T>)
-      if (ws.amx) {
+    if constexpr (kBf16<T>)
+      if (ws.on_unit()) {
         ws.c[std::size_t(r)] = c;
         const T* qi = a.query.row(b, h, i);
         std::uint16_t* qb = ws.qb.data() + r * ws.Dp;
-        for (index_t d = 0; d < D; ++d) qb[d] = amx::bits_exact(qi[d]);
+        for (index_t d = 0; d < D; ++d) qb[d] = bf16::bits_exact(qi[d]);
       }
     ws.m[r] = kNegInf;
     ws.l[r] = T(0);
   }
-  // AMX: the rows of the last tile past nr hold zeros (weights) and no scores
+  // A bfloat16 unit: the rows of the last tile past nr hold zeros (weights) and no scores
   // that are read; each row's products involve its own row only.
-  const index_t nr_tiles = ws.amx ? round_up(nr, amx::kRows) : nr;
-  if (ws.amx) std::fill(ws.wb.begin() + nr * kBc, ws.wb.begin() + nr_tiles * kBc, std::uint16_t(0));
+  const index_t nr_tiles = ws.on_unit() ? round_up(nr, bf16::kRows) : nr;
+  if (ws.on_unit()) std::fill(ws.wb.begin() + nr * kBc, ws.wb.begin() + nr_tiles * kBc, std::uint16_t(0));
   ws.o.topRows(nr_tiles).setZero();
   kmin = std::max(kmin, ka);  // this task's chunk of keys
   kmax = std::min(kmax, kz);
@@ -1227,7 +1245,7 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
   // A decode step's few rows (up to the micro-kernel's row block) multiply
   // each key tile as they transpose it (few_row_scores): the same scores.
 #if defined(CONTINUUM_TILE_GEMM)
-  const bool few_rows = kVector<T> && !ws.amx && nr <= kMR;
+  const bool few_rows = kVector<T> && !ws.on_unit() && nr <= kMR;
 #else
   constexpr bool few_rows = false;
 #endif
@@ -1240,8 +1258,8 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
     // chunk, where the rows that see it get its score (the tile product's
     // operations: a running multiply-add in d order).
     for (index_t r = 0; r < nr; ++r) ws.s(r, 0) = k0 > kstart ? ws.s(r, kBc) : T(0);
-    if (k0 == kstart && k0 == ka && k0 > 0 && ws.amx)
-      chunk_halo_amx(a, b, hk, k0, nr, nr_tiles, ws);
+    if (k0 == kstart && k0 == ka && k0 > 0 && ws.on_unit())
+      chunk_halo_bf16(kv, b, hk, k0, nr, ws);
     else if (k0 == kstart && k0 == ka && k0 > 0)
       for (index_t r = 0; r < nr; ++r)
         if (ws.range[r].lo < k0 && ws.range[r].hi > k0) {
@@ -1267,10 +1285,10 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
       if (u0 >= u1) continue;  // the whole sub-block is blind to this tile: skipped
       if (!packed) {
         // Kᵀ of the whole tile, padded with zero keys to the vector width
-        // (AMX: K and V packed, keys no row of the task sees as zeros).
+        // (a bfloat16 unit: K and V packed, keys no row of the task sees as zeros).
         ncp = std::min(round_up(nc, kPad<T>), kBc);
-        if (ws.amx)
-          pack_tile_amx(a, b, hk, k0, nc, nr, ncp, ws);
+        if (ws.on_unit())
+          pack_tile_bf16(kv, b, hk, k0, nc, nr, ncp, ws);
         else
           pack_tile(kv, b, hk, k0, nc, ncp, !few_rows, ws);
         packed = true;
@@ -1278,8 +1296,8 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
       // S[r0:r1, 1 + j] = Qs · K_tileᵀ for the tile keys j in [j0, j1) ⊇ [u0 - k0, u1 - k0).
       const index_t j0 = (u0 - k0) / kPad<T> * kPad<T>;
       const index_t j1 = std::min(round_up(u1 - k0, kPad<T>), ncp);
-      if (ws.amx) {
-        scores_amx(r0, std::min(r1, nr_tiles), j0, j1, ws);
+      if (ws.on_unit()) {
+        scores_bf16(r0, std::min(r1, nr_tiles), nr, j0, j1, ws);
       } else if (few_rows) {
 #if defined(CONTINUUM_TILE_GEMM)
         if constexpr (kVector<T>) {
@@ -1308,12 +1326,12 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
         T* wr = ws.w.row(r).data();
         const index_t vlo = std::max(lo, k0), vhi = std::min(hi, k1);
         ws.kb[r] = ws.ke[r] = 0;
-        if (ws.amx) std::fill(ws.wb.begin() + r * kBc, ws.wb.begin() + (r + 1) * kBc, std::uint16_t(0));
+        if (ws.on_unit()) std::fill(ws.wb.begin() + r * kBc, ws.wb.begin() + (r + 1) * kBc, std::uint16_t(0));
         if (vlo >= vhi) continue;
         T* sr = ws.s.row(r).data();
         // Tile columns of the visible keys: [cv0, cv1).
         const index_t cv0 = vlo - key0, cv1 = vhi - key0;
-        if (ws.amx) {  // S = c_i ⊗ S_raw (the halo column is scaled already)
+        if (ws.on_unit()) {  // S = c_i ⊗ S_raw (the halo column is scaled already)
           const T cr = ws.c[std::size_t(r)];
 #pragma omp simd
           for (index_t cc = cv0; cc < cv1; ++cc) sr[cc] *= cr;
@@ -1340,13 +1358,13 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
         // rows of ws.vstage, the tile's columns.
         ws.kb[r] = (staged ? 0 : key0) + ce0;
         ws.ke[r] = (staged ? 0 : key0) + cv1;
-        if (ws.amx) weights_amx(k0 > 0 ? a.value.row(b, hk, k0 - 1) : nullptr, Dv, ce0, cv1, r, ws);
+        if (ws.on_unit()) weights_bf16(Dv, ce0, cv1, r, ws);
       }
       // O += W · V, each row over its own visible keys only (range_gemm): a
-      // value the row cannot see never enters its sum (AMX: its weight is 0
+      // value the row cannot see never enters its sum (a unit: its weight is 0
       // and its value, when no row of the task sees it, a packed zero).
-      if (ws.amx)
-        accumulate_amx(r0, std::min(r1, nr_tiles), round_up(nc, amx::kStep) / amx::kStep, ws);
+      if (ws.on_unit())
+        accumulate_bf16(r0, std::min(r1, nr_tiles), nr, round_up(nc, bf16::kStep) / bf16::kStep, ws);
       else if constexpr (staged)
         range_gemm<T>(r1 - r0, Dv, ws.w.data() + r0 * ldw, ldw, 1, 0, ws.vstage.data(), Dv, ws.o.data() + r0 * Dv,
                       Dv, ws.kb.data() + r0, ws.ke.data() + r0);
@@ -1418,16 +1436,17 @@ inline bool task_has_rows(const std::vector<char>& ok, const char* subset, index
 /// (validated by the caller). Rows the tiled kernel in T does not take
 /// (row_eligibility) are handed to declined(rows), which computes them in the
 /// next wider type (backends/cpu.hpp); rows that see a NaN or an Inf get NaN
-/// outputs (write_nonfinite_rows). use_amx: the tile products on AMX-BF16
-/// (amx.hpp) — only for float arguments that hold bfloat16 values (bfloat16
-/// storage), and only where amx::usable(). accuracy: the stencil's
-/// (vector_moments.hpp; bf16 for bfloat16 storage, MATH.md §10). kv: the
-/// keys and values read — a's own, or (S ≠ T) 16-bit ones read in their
-/// storage type (KeyValue; a.key and a.value then give only their shapes,
-/// and no AMX).
+/// outputs (write_nonfinite_rows). unit: the bfloat16 unit of the tile
+/// products (bf16_products.hpp) — only for float arguments that hold
+/// bfloat16 values (bfloat16 storage), and only where bf16::usable(unit).
+/// accuracy: the stencil's (vector_moments.hpp; bf16 for bfloat16 storage,
+/// MATH.md §10). kv: the keys and values read — a's own, or (S ≠ T) 16-bit
+/// ones read in their storage type (KeyValue; a.key and a.value then give
+/// only their shapes; a unit takes them only as bfloat16).
 template <class T, class Stencil, class S, class Declined>
 void forward_tiled(const ForwardArgs<T>& a, const KeyValue<S>& kv, double scale, const char* subset,
-                   Declined&& declined, bool use_amx = false, StencilAccuracy accuracy = StencilAccuracy::full) {
+                   Declined&& declined, bf16::Unit unit = bf16::Unit::none,
+                   StencilAccuracy accuracy = StencilAccuracy::full) {
   const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq, D = a.query.dim;
   const index_t Dv = a.value.dim;
   // Tasks: blocks of kBr query rows of one head; when the whole GQA group's
@@ -1451,9 +1470,10 @@ void forward_tiled(const ForwardArgs<T>& a, const KeyValue<S>& kv, double scale,
   const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
   std::vector<char> ok;
   constexpr bool staged = !std::is_same<S, T>::value;
-  const bool amx = kAmx<T> && !staged && use_amx && D > 0 && Dv > 0;
+  constexpr bool unit_reads_s = std::is_same<S, T>::value || std::is_same<S, bfloat16>::value;
+  if (!kBf16<T> || !unit_reads_s || D == 0 || Dv == 0 || !bf16::usable(unit)) unit = bf16::Unit::none;
   const index_t rejected = row_eligibility<T, S>(a.query, kv.key, kv.value, nullptr, a.visibility, a.temperature,
-                                                 scale, threads, subset, ok, amx);
+                                                 scale, threads, subset, ok, unit != bf16::Unit::none);
   if (ntasks == 0) return;
   const CallerFloatModes modes;
 #if defined(_OPENMP)
@@ -1462,12 +1482,10 @@ void forward_tiled(const ForwardArgs<T>& a, const KeyValue<S>& kv, double scale,
   {
     const CallerFloatModes::Adopt in_caller_modes(modes);
     serial_eigen_in_this_region();
-    ForwardWorkspace<T> ws(D, Dv, task_rows, amx, staged);
+    ForwardWorkspace<T> ws(D, Dv, task_rows, unit, staged);
     ws.accuracy = accuracy;
-#if defined(CONTINUUM_CPU_AMX)
-    std::optional<amx::Scope> tiles;  // this thread's tile configuration, the caller's restored at the end
-    if (amx) tiles.emplace();
-#endif
+    std::optional<bf16::TileScope> tiles;  // this thread's tile configuration, the caller's restored at the end
+    if (unit == bf16::Unit::amx) tiles.emplace();
 #if defined(_OPENMP)
 #  pragma omp for schedule(dynamic, 1)
 #endif
@@ -1510,8 +1528,8 @@ void forward_tiled(const ForwardArgs<T>& a, const KeyValue<S>& kv, double scale,
 /// The forward of a's own keys and values (the arguments above).
 template <class T, class Stencil, class Declined>
 void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, Declined&& declined,
-                   bool use_amx = false, StencilAccuracy accuracy = StencilAccuracy::full) {
-  forward_tiled<T, Stencil>(a, KeyValue<T>{a.key, a.value}, scale, subset, std::forward<Declined>(declined), use_amx,
+                   bf16::Unit unit = bf16::Unit::none, StencilAccuracy accuracy = StencilAccuracy::full) {
+  forward_tiled<T, Stencil>(a, KeyValue<T>{a.key, a.value}, scale, subset, std::forward<Declined>(declined), unit,
                             accuracy);
 }
 
@@ -1534,34 +1552,35 @@ struct BackwardWorkspace {
   std::vector<index_t> ov0 = std::vector<index_t>(kBrBwd), ov1 = std::vector<index_t>(kBrBwd),
                        kb = std::vector<index_t>(kBrBwd), ke = std::vector<index_t>(kBrBwd),
                        rb = std::vector<index_t>(kBc), re = std::vector<index_t>(kBc);
-  // The score-type products S and dP on AMX (amx.hpp; bfloat16 storage
-  // computed in float): Q's and dO's bfloat16 bits (unscaled), K and V packed
+  // The score-type products S and dP on a bfloat16 unit (bf16_products.hpp;
+  // bfloat16 storage computed in float): Q's and dO's bfloat16 bits (unscaled), K and V packed
   // as the B side of a score product (depths padded to Dp, Dvq), every key
   // packed (S and dP entries of hidden pairs are formed, never read), and a
   // scratch block for dP at each row's reference key.
-  bool amx = false;
+  bf16::Unit unit = bf16::Unit::none;
+  bool on_unit() const { return unit != bf16::Unit::none; }
   // The stencil's accuracy: bf16 for bfloat16 storage computed in float.
   StencilAccuracy accuracy = StencilAccuracy::full;
   index_t Dp = 0, Dvq = 0;
   std::vector<std::uint16_t> qb, gb, kp, vkp, refp;
   std::vector<char> all_keys;
   std::vector<T> refv, tile;
-  BackwardWorkspace(index_t D, index_t Dv, bool use_amx = false)
+  BackwardWorkspace(index_t D, index_t Dv, bf16::Unit on = bf16::Unit::none)
       : q(kBrBwd, D), dout(kBrBwd, Dv), kt(D, kBc + 2 + kPad<T>), vt(Dv, kBc + 2 + kPad<T>),
         s(kBrBwd, kBc + 2 + kPad<T>), dp(kBrBwd, kBc + 2 + kPad<T>), p(kBrBwd, kBc), ds(kBrBwd, kBc),
         dk(kBc, D), dv(kBc, Dv), e(kBc + 2 + 2 * kPad<T>), g(kBc + 2 + 2 * kPad<T>), ax(kBc + 2 + 2 * kPad<T>),
-        ay(kBc + 2 + 2 * kPad<T>), dx(kBc + 2 + 2 * kPad<T>), dy(kBc + 2 + 2 * kPad<T>), amx(use_amx) {
-    if (amx) {
-      Dp = round_up(D, amx::kStep);
-      Dvq = round_up(Dv, amx::kStep);
+        ay(kBc + 2 + 2 * kPad<T>), dx(kBc + 2 + 2 * kPad<T>), dy(kBc + 2 + 2 * kPad<T>), unit(on) {
+    if (on_unit()) {
+      Dp = round_up(D, bf16::kStep);
+      Dvq = round_up(Dv, bf16::kStep);
       qb.assign(std::size_t(kBrBwd * Dp), 0);
       gb.assign(std::size_t(kBrBwd * Dvq), 0);
-      kp.resize(std::size_t((kBc + 2 * amx::kCols) * Dp));
-      vkp.resize(std::size_t((kBc + 2 * amx::kCols) * Dvq));
-      refp.resize(std::size_t(amx::kCols * Dvq));
-      all_keys.assign(std::size_t(kBc + 2 * amx::kCols), 1);
-      refv.assign(std::size_t(amx::kCols * Dv), T(0));
-      tile.resize(std::size_t(amx::kRows * amx::kCols));
+      kp.resize(std::size_t((kBc + 2 * bf16::kCols) * Dp));
+      vkp.resize(std::size_t((kBc + 2 * bf16::kCols) * Dvq));
+      refp.resize(std::size_t(bf16::kCols * Dvq));
+      all_keys.assign(std::size_t(kBc + 2 * bf16::kCols), 1);
+      refv.assign(std::size_t(bf16::kCols * Dv), T(0));
+      tile.resize(std::size_t(bf16::kRows * bf16::kCols));
     }
   }
 };
@@ -1589,47 +1608,45 @@ CONTINUUM_NO_FP_CONTRACT_FN inline W wide_dot(const TQ* q, const TK* k, index_t 
   return s;
 }
 
-/// The backward's AMX steps (no-ops where kAmx<T> is false: ws.amx is then
-/// never set). Packs the key tile [kk0, kk0 + nk) (and its values, for dP) as
+/// The backward's bfloat16-unit steps (no-ops where kBf16<T> is false: ws.unit
+/// is then never set). Packs the key tile [kk0, kk0 + nk) (and its values, for dP) as
 /// the B side of the score products, nkp / 16 blocks.
 template <class T>
-void pack_backward_tile_amx(const BackwardArgs<T>& a, index_t b, index_t hk, index_t kk0, index_t nk, index_t nkp,
+void pack_backward_tile_bf16(const BackwardArgs<T>& a, index_t b, index_t hk, index_t kk0, index_t nk, index_t nkp,
                             bool values, BackwardWorkspace<T>& ws) {
-  if constexpr (kAmx<T>) {
-    amx::pack_keys(a.key.row(b, hk, kk0), a.key.stride_seq, nk, a.key.dim, ws.Dp, ws.all_keys.data(),
-                   nkp / amx::kCols, ws.kp.data());
+  if constexpr (kBf16<T>) {
+    bf16::pack_keys(a.key.row(b, hk, kk0), a.key.stride_seq, nk, a.key.dim, ws.Dp, ws.all_keys.data(),
+                   nkp / bf16::kCols, ws.kp.data());
     if (values)
-      amx::pack_keys(a.value.row(b, hk, kk0), a.value.stride_seq, nk, a.value.dim, ws.Dvq, ws.all_keys.data(),
-                     nkp / amx::kCols, ws.vkp.data());
+      bf16::pack_keys(a.value.row(b, hk, kk0), a.value.stride_seq, nk, a.value.dim, ws.Dvq, ws.all_keys.data(),
+                     nkp / bf16::kCols, ws.vkp.data());
   }
 }
 
 /// S = c_i ⊗ (q·k) and, with dp, dP = dO·v for the nr rows of query block i0
 /// of head h against the packed tile (nkp columns), into ws.s and ws.dp.
 template <class T>
-void backward_scores_amx(const BackwardArgs<T>& a, index_t b, index_t h, index_t i0, index_t nr, index_t nkp,
-                         const T* c, bool dp, BackwardWorkspace<T>& ws) {
-  if constexpr (kAmx<T>) {
+void backward_scores_bf16(const BackwardArgs<T>& a, index_t b, index_t h, index_t i0, index_t nr, index_t nkp,
+                          const T* c, bool dp, BackwardWorkspace<T>& ws) {
+  if constexpr (kBf16<T>) {
     const index_t D = a.query.dim, Dv = a.value.dim, lds = ws.s.cols();
     for (index_t r = 0; r < nr; ++r) {
       const T* qi = a.query.row(b, h, i0 + r);
       std::uint16_t* qb = ws.qb.data() + r * ws.Dp;
-      for (index_t d = 0; d < D; ++d) qb[d] = amx::bits_exact(qi[d]);
+      for (index_t d = 0; d < D; ++d) qb[d] = bf16::bits_exact(qi[d]);
       if (dp) {
         const T* go = a.grad_out.row(b, h, i0 + r);
         std::uint16_t* gb = ws.gb.data() + r * ws.Dvq;
-        for (index_t d = 0; d < Dv; ++d) gb[d] = amx::bits_exact(go[d]);
+        for (index_t d = 0; d < Dv; ++d) gb[d] = bf16::bits_exact(go[d]);
       }
     }
-#if defined(CONTINUUM_CPU_AMX)
-    for (index_t g = 0; g < nr; g += amx::kRows) {
-      amx::scores(ws.qb.data() + g * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), 0, nkp / amx::kCols,
-                  ws.s.data() + g * lds, lds);
+    for (index_t g = 0; g < nr; g += bf16::kRows) {
+      bf16::scores(ws.unit, ws.qb.data() + g * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), 0, nkp / bf16::kCols,
+                   ws.s.data() + g * lds, lds, block_rows(g, nr));
       if (dp)
-        amx::scores(ws.gb.data() + g * ws.Dvq, ws.Dvq, ws.Dvq, ws.vkp.data(), 0, nkp / amx::kCols,
-                    ws.dp.data() + g * lds, lds);
+        bf16::scores(ws.unit, ws.gb.data() + g * ws.Dvq, ws.Dvq, ws.Dvq, ws.vkp.data(), 0, nkp / bf16::kCols,
+                     ws.dp.data() + g * lds, lds, block_rows(g, nr));
     }
-#endif
     for (index_t r = 0; r < nr; ++r) {
       T* sr = ws.s.row(r).data();
       const T cr = c[i0 + r];
@@ -1640,18 +1657,18 @@ void backward_scores_amx(const BackwardArgs<T>& a, index_t b, index_t h, index_t
 }
 
 /// dP at each row's reference key, dpref[i] = dO_i · v_ref(i), for the rows
-/// with a visible range, on the tiles as the dP tile computes it (each tile
+/// with a visible range, on the unit as the dP tile computes it (each tile
 /// element depends on its own row and column only): 16 rows at a time
 /// against a block whose column n is the value of row n's reference key; the
 /// diagonal is kept.
 template <class T>
-void reference_dp_amx(const BackwardArgs<T>& a, index_t b, index_t h, index_t hk, const std::vector<RowRange>& range,
+void reference_dp_bf16(const BackwardArgs<T>& a, index_t b, index_t h, index_t hk, const std::vector<RowRange>& range,
                       const std::vector<index_t>& ref, T* dpref, BackwardWorkspace<T>& ws) {
-  if constexpr (kAmx<T>) {
+  if constexpr (kBf16<T>) {
     const index_t Lq = a.query.seq, Dv = a.value.dim;
-    for (index_t i0 = 0; i0 < Lq; i0 += amx::kRows) {
-      const index_t n = std::min<index_t>(amx::kRows, Lq - i0);
-      std::fill(ws.gb.begin(), ws.gb.begin() + amx::kRows * ws.Dvq, std::uint16_t(0));
+    for (index_t i0 = 0; i0 < Lq; i0 += bf16::kRows) {
+      const index_t n = std::min<index_t>(bf16::kRows, Lq - i0);
+      std::fill(ws.gb.begin(), ws.gb.begin() + bf16::kRows * ws.Dvq, std::uint16_t(0));
       std::fill(ws.refv.begin(), ws.refv.end(), T(0));
       bool any = false;
       for (index_t r = 0; r < n; ++r) {
@@ -1659,17 +1676,15 @@ void reference_dp_amx(const BackwardArgs<T>& a, index_t b, index_t h, index_t hk
         if (range[i].hi <= range[i].lo) continue;
         any = true;
         const T* go = a.grad_out.row(b, h, i);
-        for (index_t d = 0; d < Dv; ++d) ws.gb[std::size_t(r * ws.Dvq + d)] = amx::bits_exact(go[d]);
+        for (index_t d = 0; d < Dv; ++d) ws.gb[std::size_t(r * ws.Dvq + d)] = bf16::bits_exact(go[d]);
         const T* vr = a.value.row(b, hk, ref[i]);
         std::copy(vr, vr + Dv, ws.refv.begin() + r * Dv);
       }
       if (!any) continue;
-      amx::pack_keys(ws.refv.data(), Dv, amx::kCols, Dv, ws.Dvq, ws.all_keys.data(), 1, ws.refp.data());
-#if defined(CONTINUUM_CPU_AMX)
-      amx::scores(ws.gb.data(), ws.Dvq, ws.Dvq, ws.refp.data(), 0, 1, ws.tile.data(), amx::kCols);
-#endif
+      bf16::pack_keys(ws.refv.data(), Dv, bf16::kCols, Dv, ws.Dvq, ws.all_keys.data(), 1, ws.refp.data());
+      bf16::scores(ws.unit, ws.gb.data(), ws.Dvq, ws.Dvq, ws.refp.data(), 0, 1, ws.tile.data(), bf16::kCols, n);
       for (index_t r = 0; r < n; ++r)
-        if (range[i0 + r].hi > range[i0 + r].lo) dpref[i0 + r] = ws.tile[std::size_t(r * amx::kCols + r)];
+        if (range[i0 + r].hi > range[i0 + r].lo) dpref[i0 + r] = ws.tile[std::size_t(r * bf16::kCols + r)];
     }
   }
 }
@@ -1734,8 +1749,8 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
       for (index_t gq = 0; gq < group; ++gq) {
         const index_t h = hk * group + gq;
         RowInfo<T>& ri = rows[gq];
-        if (ws.amx) {
-          reference_dp_amx(a, b, h, hk, ri.range, ri.ref, ri.dpref.data(), ws);
+        if (ws.on_unit()) {
+          reference_dp_bf16(a, b, h, hk, ri.range, ri.ref, ri.dpref.data(), ws);
           continue;
         }
         for (index_t i = 0; i < Lq; ++i) {
@@ -1755,8 +1770,8 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
       const index_t kk1 = Stencil::has_halo ? std::min(k1 + 1, Lk) : k1;
       const index_t off = k0 - kk0, nk = kk1 - kk0;
       const index_t nkp = round_up(nk, kPad<T>);
-      if (ws.amx) {
-        pack_backward_tile_amx(a, b, hk, kk0, nk, nkp, sweep == 1, ws);
+      if (ws.on_unit()) {
+        pack_backward_tile_bf16(a, b, hk, kk0, nk, nkp, sweep == 1, ws);
       } else {
         pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), nkp);
         if (sweep == 1) pack_transposed(a.value.row(b, hk, kk0), ldv, nk, Dv, ws.vt.data(), nkp);
@@ -1781,8 +1796,8 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
               std::copy(go, go + Dv, ws.dout.row(r).data());
             }
           }
-          if (ws.amx) {
-            backward_scores_amx(a, b, h, i0, nr, nkp, ri.c.data(), sweep == 1, ws);
+          if (ws.on_unit()) {
+            backward_scores_bf16(a, b, h, i0, nr, nkp, ri.c.data(), sweep == 1, ws);
           } else {
             gemm<T>(nr, nkp, D, ws.q.data(), D, 1, ws.kt.data(), nkp, ws.s.data(), lds, false);
             if (sweep == 1)
@@ -1905,8 +1920,8 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     ws.dk.topRows(nc).setZero();
     ws.dv.topRows(nc).setZero();
     const index_t nkp = round_up(nk, kPad<T>);
-    if (ws.amx) {
-      pack_backward_tile_amx(a, b, hk, kk0, nk, nkp, true, ws);
+    if (ws.on_unit()) {
+      pack_backward_tile_bf16(a, b, hk, kk0, nk, nkp, true, ws);
     } else {
       pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), nkp);
       pack_transposed(a.value.row(b, hk, kk0), ldv, nk, Dv, ws.vt.data(), nkp);
@@ -1930,8 +1945,8 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
           const T* go = a.grad_out.row(b, h, i);
           std::copy(go, go + Dv, ws.dout.row(r).data());
         }
-        if (ws.amx) {
-          backward_scores_amx(a, b, h, i0, nr, nkp, ri.c.data(), true, ws);
+        if (ws.on_unit()) {
+          backward_scores_bf16(a, b, h, i0, nr, nkp, ri.c.data(), true, ws);
         } else {
           gemm<T>(nr, nkp, D, ws.q.data(), D, 1, ws.kt.data(), nkp, ws.s.data(), lds, false);
           gemm<T>(nr, nkp, Dv, ws.dout.data(), Dv, 1, ws.vt.data(), nkp, ws.dp.data(), lds, false);
@@ -2067,7 +2082,7 @@ void write_grad_temperature(const BackwardArgs<T>& a, const std::vector<double>&
 /// terms -(1/τ_i) Σ_j dS_ij s_ij (empty when no dτ is wanted).
 template <class T, class Stencil>
 std::vector<double> backward_run(const BackwardArgs<T>& a, const char* ok, double scale, int threads,
-                                       index_t group, bool use_amx, StencilAccuracy accuracy) {
+                                       index_t group, bf16::Unit unit, StencilAccuracy accuracy) {
   const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
   const index_t D = a.query.dim, Dv = a.value.dim;
   const index_t ntasks = B * Hk;
@@ -2079,13 +2094,10 @@ std::vector<double> backward_run(const BackwardArgs<T>& a, const char* ok, doubl
   {
     const CallerFloatModes::Adopt in_caller_modes(modes);
     serial_eigen_in_this_region();
-    const bool amx = kAmx<T> && use_amx && D > 0 && Dv > 0;
-    BackwardWorkspace<T> ws(D, Dv, amx);
+    BackwardWorkspace<T> ws(D, Dv, unit);
     ws.accuracy = accuracy;
-#if defined(CONTINUUM_CPU_AMX)
-    std::optional<amx::Scope> tiles;  // this thread's tile configuration, the caller's restored at the end
-    if (amx) tiles.emplace();
-#endif
+    std::optional<bf16::TileScope> tiles;  // this thread's tile configuration, the caller's restored at the end
+    if (unit == bf16::Unit::amx) tiles.emplace();
     std::vector<RowInfo<T>> rows(static_cast<std::size_t>(group));
 #if defined(_OPENMP)
 #  pragma omp for schedule(dynamic, 1)
@@ -2111,23 +2123,24 @@ std::vector<double> backward_run(const BackwardArgs<T>& a, const char* ok, doubl
 /// wanted; 0 for the other rows); grad_temperature itself is not written.
 /// Rows the tiled kernel in T does not take (row_eligibility) are handed to
 /// declined(rows, dtau_rows), which writes their dQ, adds their dK, dV terms
-/// and sets their dτ terms (backends/cpu.hpp). use_amx and accuracy as for
+/// and sets their dτ terms (backends/cpu.hpp). unit and accuracy as for
 /// forward_tiled.
 template <class T, class Stencil, class Declined>
 std::vector<double> backward_tiled(const BackwardArgs<T>& a, double scale, const char* subset, Declined&& declined,
-                                   bool use_amx = false, StencilAccuracy accuracy = StencilAccuracy::full) {
+                                   bf16::Unit unit = bf16::Unit::none,
+                                   StencilAccuracy accuracy = StencilAccuracy::full) {
   const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
   const index_t group = Hk > 0 ? Hq / Hk : 0;  // Hk = 0 (nothing to do): no division by zero
   const index_t ntasks = B * Hk;
   const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
   std::vector<char> ok;
-  const bool amx = kAmx<T> && use_amx && a.query.dim > 0 && a.value.dim > 0;
+  if (!kBf16<T> || a.query.dim == 0 || a.value.dim == 0 || !bf16::usable(unit)) unit = bf16::Unit::none;
   const index_t rejected = row_eligibility<T>(a.query, a.key, a.value, &a.grad_out, a.visibility, a.temperature,
-                                              scale, threads, subset, ok, amx);
+                                              scale, threads, subset, ok, unit != bf16::Unit::none);
   const char* okp = subset || rejected ? ok.data() : nullptr;
   std::vector<double> dtau_rows;
   if (ntasks > 0)
-    dtau_rows = backward_run<T, Stencil>(a, okp, scale, threads, group, amx, accuracy);
+    dtau_rows = backward_run<T, Stencil>(a, okp, scale, threads, group, unit, accuracy);
   else if (a.grad_temperature)
     dtau_rows.assign(std::size_t(B * Hq * Lq), 0.0);
   if (rejected > 0) {

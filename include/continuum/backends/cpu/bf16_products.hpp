@@ -1,0 +1,520 @@
+// backends/cpu/bf16_products.hpp — the bfloat16 products of the tiled kernels
+// (tiled.hpp), for bfloat16 storage computed in float (MATH.md §10, "bfloat16
+// products"), on the best unit the CPU has: Intel AMX-BF16 tiles
+// (tdpbf16ps), else AVX512-BF16 vectors (vdpbf16ps, e.g. AMD Zen 4 / 5, or an
+// Intel Xeon whose AMX is not offered to the process):
+//
+//   S_raw = Q · K_tileᵀ     Q, K exactly their bfloat16 values; S = c_i ⊗ S_raw in float
+//   O    += W̃ · V_tile      W̃ = the stencil weights rounded to bfloat16 (RNE)  (forward)
+//   dP    = dO · V_tileᵀ    dO, V exactly their bfloat16 values                 (backward)
+//
+// Both units take the same packed operands (pack_keys, pack_values: "VNNI"
+// pairs of bfloat16 in 32-bit words). Products of two bfloat16 numbers are
+// exact in float, and both instructions sum them into float accumulators
+// with round-to-nearest-even, flushing denormal inputs and outputs to zero
+// whatever MXCSR says (and leaving its flags alone); the order of summation
+// is the unit's own and fixed: tdpbf16ps's inside one instruction, vdpbf16ps
+// pair by pair in depth order. Each output element depends only on its own
+// row of A and column of B, so a row's bits never depend on which rows share
+// its tile (a KV-cache decode step reproduces the full forward's row bit for
+// bit, on each unit). Keys that no row of the task sees are packed as zeros,
+// never loaded (structural masking, MATH.md §10).
+//
+// Compiled where the translation unit targets AVX-512 on x86-64 with GCC ≥ 11
+// or Clang ≥ 12 (the avx512 object of cpu_dispatch; a user's -march=native
+// build): the instructions are enabled per function (target attributes) and
+// used only after the unit's check — avx512bf16_usable(): CPUID says
+// AVX512-BF16; amx_usable() (Linux only): CPUID says AMX-TILE and AMX-BF16,
+// and Linux granted this process the tile data state
+// (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once).
+// TileScope loads the tile configuration on the calling thread and gives the
+// thread back the caller's configuration (or none) when the kernel is done;
+// the caller's tile *data* is not kept (loading a configuration clears the
+// tiles; no ABI keeps tile registers across a call). cpu_dispatch asks for the
+// permission when it first chooses an instruction set (the amx check), so a
+// process that links the dispatcher holds it from its first attention call.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include <algorithm>
+
+#include "../../attention/params.hpp"
+#include "isa.hpp"
+#include "simd.hpp"
+#include "storage16.hpp"
+
+#if defined(CONTINUUM_CPU_SIMD) && defined(__AVX512F__) && defined(__x86_64__) && \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#  define CONTINUUM_CPU_AVX512BF16 1
+#  include <cpuid.h>
+#  include <immintrin.h>
+#  define CONTINUUM_DPBF16_FN __attribute__((target("avx512bf16"))) inline
+#  if defined(__linux__)
+#    define CONTINUUM_CPU_AMX 1
+#    include <sys/syscall.h>
+#    include <unistd.h>
+#    define CONTINUUM_AMX_FN __attribute__((target("amx-tile,amx-bf16"))) inline
+#  endif
+#endif
+
+namespace continuum {
+inline namespace CONTINUUM_CPU_ISA_NAMESPACE {  // backends/cpu/isa.hpp
+namespace cpu_detail {
+namespace bf16 {
+
+/// The unit that runs the products (none: float FMA on the widened values).
+enum class Unit { none, avx512bf16, amx };
+
+/// Rows and 32-bit columns of every tile; keys and depth go in steps of 32
+/// bfloat16 (one 64-byte tile row), output columns in blocks of 16 floats.
+inline constexpr index_t kRows = 16, kStep = 32, kCols = 16;
+
+/// The bfloat16 bits of a float that is a bfloat16 value (storage widened to
+/// float): exact.
+inline std::uint16_t bits_exact(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return std::uint16_t(u >> 16);
+}
+
+/// The bfloat16 bits of a finite float, rounded to nearest even.
+inline std::uint16_t bits_rounded(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return std::uint16_t(u >> 16);
+}
+
+/// x rounded to bfloat16 (to nearest even), as a float.
+inline float round_bf16(float x) {
+  std::uint32_t u = std::uint32_t(bits_rounded(x)) << 16;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
+
+/// The 32-bit word of two bfloat16 values held in floats (exactly): lo in
+/// bits 0–15, hi in bits 16–31 — one "VNNI" pair of tdpbf16ps.
+inline std::uint32_t pair_word(float lo, float hi) {
+  std::uint32_t a, b;
+  std::memcpy(&a, &lo, 4);
+  std::memcpy(&b, &hi, 4);
+  return (a >> 16) | (b & 0xffff0000u);
+}
+
+/// The same word of two bfloat16 values as stored.
+inline std::uint32_t pair_word(bfloat16 lo, bfloat16 hi) {
+  return std::uint32_t(Eigen::numext::bit_cast<std::uint16_t>(lo)) |
+         std::uint32_t(Eigen::numext::bit_cast<std::uint16_t>(hi)) << 16;
+}
+
+/// K tile packed for S_raw = Q · Kᵀ (tdpbf16ps's "VNNI" B layout): key block
+/// kb (16 keys) and depth pair t hold, at dst[(kb·Dp/2 + t)·32 + 2n + p],
+/// key (16 kb + n), element 2t + p; zero for keys ≥ n_keys, for keys with
+/// seen[key] == 0 and for elements ≥ D. Dp: D rounded up to kStep; n_blocks
+/// blocks are written. Each key's pair words are formed along its row, then
+/// 16 × 16 blocks of words are transposed in registers. S: float (holding
+/// bfloat16 values) or bfloat16 (read as stored: a KV cache is not widened).
+template <class S>
+void pack_keys(const S* src, index_t lds, index_t n_keys, index_t D, index_t Dp, const char* seen,
+                      index_t n_blocks, std::uint16_t* dst) {
+  const index_t P = Dp / 2;  // pair words per key
+  std::uint32_t* out = reinterpret_cast<std::uint32_t*>(dst);
+  for (index_t kb = 0; kb < n_blocks; ++kb) {
+    alignas(64) std::uint32_t words[kCols][kStep * 4];  // 16 keys × up to 128 pair words per pass
+    for (index_t t0 = 0; t0 < P; t0 += kStep * 4) {
+      const index_t tn = std::min<index_t>(kStep * 4, P - t0);
+      for (index_t n = 0; n < kCols; ++n) {
+        const index_t j = kb * kCols + n;
+        std::uint32_t* w = words[n];
+        if (j >= n_keys || !seen[j]) {
+          std::fill(w, w + tn, 0u);
+          continue;
+        }
+        const S* k = src + j * lds;
+        const index_t full = std::max<index_t>(0, std::min(tn, D / 2 - t0));
+        for (index_t t = 0; t < full; ++t) w[t] = pair_word(k[2 * (t0 + t)], k[2 * (t0 + t) + 1]);
+        for (index_t t = full; t < tn; ++t) {
+          const index_t d = 2 * (t0 + t);
+          w[t] = pair_word(d < D ? k[d] : S(0), d + 1 < D ? k[d + 1] : S(0));
+        }
+      }
+      // words[n][t] → out[(kb·P + t0 + t)·16 + n], 16 pair words at a time.
+      for (index_t t = 0; t < tn; t += kCols) {
+#if defined(CONTINUUM_CPU_SIMD) && defined(__AVX512F__)
+        using F = Simd<float>;
+        typename F::v r[kCols];
+        for (index_t n = 0; n < kCols; ++n) r[n] = F::load(reinterpret_cast<const float*>(words[n] + t));
+        transpose_block<float>(r);
+        for (index_t i = 0; i < kCols; ++i)
+          F::store(reinterpret_cast<float*>(out + (kb * P + t0 + t + i) * kCols), r[i]);
+#else
+        for (index_t i = 0; i < kCols; ++i)
+          for (index_t n = 0; n < kCols; ++n) out[(kb * P + t0 + t + i) * kCols + n] = words[n][t + i];
+#endif
+      }
+    }
+  }
+}
+
+/// V tile packed for O += W̃ · V (VNNI B layout): output block nb (16
+/// columns) and key pair t hold, at dst[(nb·KP + t)·32 + 2n + p], key 2t + p,
+/// column 16 nb + n, with KP = n_steps·kStep/2; zero for keys ≥ n_keys, for
+/// keys with seen[key] == 0 and for columns ≥ Dv. Dvp: Dv rounded up to kCols.
+/// Each pair word joins two value rows column by column (no transpose). S as
+/// for pack_keys.
+template <class S>
+void pack_values(const S* src, index_t lds, index_t n_keys, index_t Dv, index_t Dvp, const char* seen,
+                        index_t n_steps, std::uint16_t* dst) {
+  const index_t KP = n_steps * kStep / 2;
+  std::uint32_t* out = reinterpret_cast<std::uint32_t*>(dst);
+  for (index_t t = 0; t < KP; ++t) {
+    const index_t j0 = 2 * t, j1 = 2 * t + 1;
+    const bool s0 = j0 < n_keys && seen[j0], s1 = j1 < n_keys && seen[j1];
+    const S* v0 = s0 ? src + j0 * lds : nullptr;
+    const S* v1 = s1 ? src + j1 * lds : nullptr;
+    for (index_t nb = 0; nb < Dvp / kCols; ++nb) {
+      std::uint32_t* o = out + (nb * KP + t) * kCols;
+      const index_t c0 = nb * kCols;
+      if (c0 + kCols <= Dv && s0 && s1) {
+#pragma omp simd
+        for (index_t n = 0; n < kCols; ++n) o[n] = pair_word(v0[c0 + n], v1[c0 + n]);
+      } else {
+        for (index_t n = 0; n < kCols; ++n) {
+          const bool in = c0 + n < Dv;
+          o[n] = pair_word(s0 && in ? v0[c0 + n] : S(0), s1 && in ? v1[c0 + n] : S(0));
+        }
+      }
+    }
+  }
+}
+
+#if defined(CONTINUUM_CPU_AMX)
+
+/// Whether this CPU and Linux let this process use AMX-BF16 tiles (asked once,
+/// thread-safe; the permission is the process's).
+inline bool amx_usable() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool amx_bf16 = (d >> 22) & 1u, amx_tile = (d >> 24) & 1u;
+    if (!amx_bf16 || !amx_tile) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+/// The 64-byte tile configuration (palette 1): every tile 16 rows × 64 bytes.
+struct TileConfig {
+  std::uint8_t palette = 0, start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64, "AMX tile configuration is 64 bytes");
+
+/// Loads the kernels' tile configuration on this thread for its lifetime;
+/// then restores the configuration the thread had (or releases the tiles).
+class TileScope {
+ public:
+  // (The compiler sees ldtilecfg / sttilecfg touch only a few bytes of the
+  // 64: the "memory" barriers keep it from dropping or caching the rest.)
+  CONTINUUM_AMX_FN TileScope() {
+    _tile_storeconfig(&saved_);
+    __asm__ __volatile__("" ::: "memory");
+    static const TileConfig config = [] {
+      TileConfig c;
+      c.palette = 1;
+      for (int t = 0; t < 8; ++t) {
+        c.colsb[t] = 64;
+        c.rows[t] = std::uint8_t(kRows);
+      }
+      return c;
+    }();
+    __asm__ __volatile__("" ::: "memory");
+    _tile_loadconfig(&config);
+  }
+  CONTINUUM_AMX_FN ~TileScope() {
+    __asm__ __volatile__("" ::: "memory");
+    if (saved_.palette != 0) _tile_loadconfig(&saved_);
+    else _tile_release();
+  }
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+
+ private:
+  TileConfig saved_;
+};
+
+/// S_raw for 16 query rows (q: bfloat16 bits, row stride ldq elements, Dp
+/// columns, zero beyond D) and the key blocks [kb0, kb1) of a pack_keys tile:
+/// s[r·lds + 16 (kb − kb0) + n] = Σ_d q(r, d) k(16 kb + n, d) in float.
+/// Tiles: 0–3 accumulators, 4 the Q step, 6–7 the K steps.
+CONTINUUM_AMX_FN void tile_scores(const std::uint16_t* q, index_t ldq, index_t Dp, const std::uint16_t* kp, index_t kb0,
+                             index_t kb1, float* s, index_t lds) {
+  const index_t steps = Dp / kStep, blk = (Dp / 2) * 32;
+  const long sq = long(ldq * 2), ss = long(lds * 4);
+  index_t kb = kb0;
+  for (; kb + 4 <= kb1; kb += 4) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (index_t t = 0; t < steps; ++t) {
+      _tile_loadd(4, q + t * kStep, sq);
+      const std::uint16_t* b = kp + kb * blk + t * 16 * 32;
+      _tile_loadd(6, b, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, b + blk, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(6, b + 2 * blk, 64);
+      _tile_dpbf16ps(2, 4, 6);
+      _tile_loadd(7, b + 3 * blk, 64);
+      _tile_dpbf16ps(3, 4, 7);
+    }
+    float* o = s + (kb - kb0) * kCols;
+    _tile_stored(0, o, ss);
+    _tile_stored(1, o + kCols, ss);
+    _tile_stored(2, o + 2 * kCols, ss);
+    _tile_stored(3, o + 3 * kCols, ss);
+  }
+  for (; kb < kb1; ++kb) {
+    _tile_zero(0);
+    for (index_t t = 0; t < steps; ++t) {
+      _tile_loadd(4, q + t * kStep, sq);
+      _tile_loadd(6, kp + kb * blk + t * 16 * 32, 64);
+      _tile_dpbf16ps(0, 4, 6);
+    }
+    _tile_stored(0, s + (kb - kb0) * kCols, ss);
+  }
+}
+
+/// O += W̃ · V for 16 rows: w holds W̃'s bfloat16 bits (row stride ldw
+/// elements, n_steps·32 key columns, zero where a row sees no key), vp a
+/// pack_values tile of n_steps key steps, o the float accumulators (row
+/// stride ldo, Dvp columns). Tiles: 0–3 accumulators, 4 the W̃ step, 6–7 V.
+CONTINUUM_AMX_FN void tile_accumulate(const std::uint16_t* w, index_t ldw, index_t n_steps, const std::uint16_t* vp,
+                                 index_t Dvp, float* o, index_t ldo) {
+  const index_t KP = n_steps * kStep / 2, blk = KP * 32;
+  const long sw = long(ldw * 2), so = long(ldo * 4);
+  index_t nb = 0;
+  const index_t nblocks = Dvp / kCols;
+  for (; nb + 4 <= nblocks; nb += 4) {
+    float* c = o + nb * kCols;
+    _tile_loadd(0, c, so);
+    _tile_loadd(1, c + kCols, so);
+    _tile_loadd(2, c + 2 * kCols, so);
+    _tile_loadd(3, c + 3 * kCols, so);
+    for (index_t t = 0; t < n_steps; ++t) {
+      _tile_loadd(4, w + t * kStep, sw);
+      const std::uint16_t* b = vp + nb * blk + t * 16 * 32;
+      _tile_loadd(6, b, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, b + blk, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(6, b + 2 * blk, 64);
+      _tile_dpbf16ps(2, 4, 6);
+      _tile_loadd(7, b + 3 * blk, 64);
+      _tile_dpbf16ps(3, 4, 7);
+    }
+    _tile_stored(0, c, so);
+    _tile_stored(1, c + kCols, so);
+    _tile_stored(2, c + 2 * kCols, so);
+    _tile_stored(3, c + 3 * kCols, so);
+  }
+  for (; nb < nblocks; ++nb) {
+    float* c = o + nb * kCols;
+    _tile_loadd(0, c, so);
+    for (index_t t = 0; t < n_steps; ++t) {
+      _tile_loadd(4, w + t * kStep, sw);
+      _tile_loadd(6, vp + nb * blk + t * 16 * 32, 64);
+      _tile_dpbf16ps(0, 4, 6);
+    }
+    _tile_stored(0, c, so);
+  }
+}
+
+#else
+inline bool amx_usable() { return false; }
+/// (A stand-in: never constructed where amx_usable() is false.)
+struct TileScope {};
+#endif  // CONTINUUM_CPU_AMX
+
+#if defined(CONTINUUM_CPU_AVX512BF16)
+
+/// Whether this CPU has AVX512-BF16 (CPUID leaf 7, subleaf 1, EAX bit 5).
+/// (The AVX-512 state itself: the kernels that ask run only where the
+/// operating system saves it — cpu_dispatch's avx512 check, or -march.)
+inline bool avx512bf16_usable() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+    return ((a >> 5) & 1u) != 0;
+  }();
+  return ok;
+}
+
+/// C[r][j] += A(r) · B(j) on vdpbf16ps for MR rows and NB column blocks of 16:
+/// a(r, t) is the pair word t of row r (A's words, row stride lda words), B(j,
+/// t) the 16 pair words at b + j·ldb_blk + 16 t; acc holds the sums, in pair
+/// order t = 0 … n_pairs − 1 from its start value.
+template <int MR, int NB>
+CONTINUUM_DPBF16_FN void dot_block(const std::uint32_t* a, index_t lda, const std::uint32_t* b, index_t ldb_blk,
+                                   index_t n_pairs, __m512 (&acc)[MR][NB]) {
+  for (index_t t = 0; t < n_pairs; ++t) {
+    __m512bh bv[NB];
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + j * ldb_blk + 16 * t);
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(int(a[r * lda + t]));
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av, bv[j]);
+    }
+  }
+}
+
+/// MR query rows against NB key blocks of 16 (P pair words per key):
+/// s[r·lds + 16 j + n] = Σ_d q(r, d) k(16 j + n, d).
+template <int MR, int NB>
+CONTINUUM_DPBF16_FN void dot_scores_block(const std::uint32_t* q, index_t ldq, index_t P, const std::uint32_t* kp,
+                                          float* s, index_t lds) {
+  __m512 acc[MR][NB];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
+  dot_block<MR, NB>(q, ldq, kp, P * kCols, P, acc);
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(s + r * lds + j * kCols, acc[r][j]);
+}
+
+/// O += W̃ · V on AVX512-BF16 for MR rows and NB output blocks (see tile_accumulate).
+template <int MR, int NB>
+CONTINUUM_DPBF16_FN void dot_accumulate_block(const std::uint32_t* w, index_t ldw, index_t KP,
+                                              const std::uint32_t* vp, float* o, index_t ldo) {
+  __m512 acc[MR][NB];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_loadu_ps(o + r * ldo + j * kCols);
+  dot_block<MR, NB>(w, ldw, vp, KP * kCols, KP, acc);
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) _mm512_storeu_ps(o + r * ldo + j * kCols, acc[r][j]);
+}
+
+/// MR query rows (pair words q, row stride ldq words) against the key blocks
+/// [kb0, kb1) of a pack_keys tile (P pair words per key): 4 blocks at a time.
+template <int MR>
+CONTINUUM_DPBF16_FN void dot_scores_rows(const std::uint32_t* q, index_t ldq, index_t P, const std::uint32_t* kp,
+                                         index_t kb0, index_t kb1, float* s, index_t lds) {
+  const index_t blk = P * kCols;
+  index_t kb = kb0;
+  for (; kb + 4 <= kb1; kb += 4) dot_scores_block<MR, 4>(q, ldq, P, kp + kb * blk, s + (kb - kb0) * kCols, lds);
+  float* sb = s + (kb - kb0) * kCols;
+  switch (kb1 - kb) {
+    case 3: dot_scores_block<MR, 3>(q, ldq, P, kp + kb * blk, sb, lds); break;
+    case 2: dot_scores_block<MR, 2>(q, ldq, P, kp + kb * blk, sb, lds); break;
+    case 1: dot_scores_block<MR, 1>(q, ldq, P, kp + kb * blk, sb, lds); break;
+    default: break;
+  }
+}
+
+/// MR rows of W̃ (pair words w, row stride ldw words) times a pack_values
+/// tile of KP key pairs, into nblocks output blocks: 4 blocks at a time.
+template <int MR>
+CONTINUUM_DPBF16_FN void dot_accumulate_rows(const std::uint32_t* w, index_t ldw, index_t KP, const std::uint32_t* vp,
+                                             index_t nblocks, float* o, index_t ldo) {
+  const index_t blk = KP * kCols;
+  index_t nb = 0;
+  for (; nb + 4 <= nblocks; nb += 4) dot_accumulate_block<MR, 4>(w, ldw, KP, vp + nb * blk, o + nb * kCols, ldo);
+  float* ob = o + nb * kCols;
+  switch (nblocks - nb) {
+    case 3: dot_accumulate_block<MR, 3>(w, ldw, KP, vp + nb * blk, ob, ldo); break;
+    case 2: dot_accumulate_block<MR, 2>(w, ldw, KP, vp + nb * blk, ob, ldo); break;
+    case 1: dot_accumulate_block<MR, 1>(w, ldw, KP, vp + nb * blk, ob, ldo); break;
+    default: break;
+  }
+}
+
+/// tile_scores on AVX512-BF16 for the first `rows` rows of the block (the
+/// others are not computed): the same operands, each score the same sum of
+/// the same exact products, in the vector unit's order.
+CONTINUUM_DPBF16_FN void dot_scores(const std::uint16_t* q, index_t ldq, index_t Dp, const std::uint16_t* kp,
+                                    index_t kb0, index_t kb1, float* s, index_t lds, index_t rows) {
+  const index_t P = Dp / 2, ldq32 = ldq / 2;
+  const auto* q32 = reinterpret_cast<const std::uint32_t*>(q);
+  const auto* k32 = reinterpret_cast<const std::uint32_t*>(kp);
+  index_t r = 0;
+  for (; r + 4 <= rows; r += 4) dot_scores_rows<4>(q32 + r * ldq32, ldq32, P, k32, kb0, kb1, s + r * lds, lds);
+  switch (rows - r) {
+    case 3: dot_scores_rows<3>(q32 + r * ldq32, ldq32, P, k32, kb0, kb1, s + r * lds, lds); break;
+    case 2: dot_scores_rows<2>(q32 + r * ldq32, ldq32, P, k32, kb0, kb1, s + r * lds, lds); break;
+    case 1: dot_scores_rows<1>(q32 + r * ldq32, ldq32, P, k32, kb0, kb1, s + r * lds, lds); break;
+    default: break;
+  }
+}
+
+/// tile_accumulate on AVX512-BF16 for the first `rows` rows of the block.
+CONTINUUM_DPBF16_FN void dot_accumulate(const std::uint16_t* w, index_t ldw, index_t n_steps,
+                                        const std::uint16_t* vp, index_t Dvp, float* o, index_t ldo, index_t rows) {
+  const index_t KP = n_steps * kStep / 2, ldw32 = ldw / 2, nblocks = Dvp / kCols;
+  const auto* w32 = reinterpret_cast<const std::uint32_t*>(w);
+  const auto* v32 = reinterpret_cast<const std::uint32_t*>(vp);
+  index_t r = 0;
+  for (; r + 4 <= rows; r += 4) dot_accumulate_rows<4>(w32 + r * ldw32, ldw32, KP, v32, nblocks, o + r * ldo, ldo);
+  switch (rows - r) {
+    case 3: dot_accumulate_rows<3>(w32 + r * ldw32, ldw32, KP, v32, nblocks, o + r * ldo, ldo); break;
+    case 2: dot_accumulate_rows<2>(w32 + r * ldw32, ldw32, KP, v32, nblocks, o + r * ldo, ldo); break;
+    case 1: dot_accumulate_rows<1>(w32 + r * ldw32, ldw32, KP, v32, nblocks, o + r * ldo, ldo); break;
+    default: break;
+  }
+}
+
+#else
+inline bool avx512bf16_usable() { return false; }
+#endif  // CONTINUUM_CPU_AVX512BF16
+
+/// S_raw for the query rows [0, rows) of a 16-row block (see tile_scores) on
+/// `unit` (AMX computes the whole block: rows past `rows` must be zeros).
+inline void scores(Unit unit, const std::uint16_t* q, index_t ldq, index_t Dp, const std::uint16_t* kp, index_t kb0,
+                   index_t kb1, float* s, index_t lds, index_t rows) {
+#if defined(CONTINUUM_CPU_AMX)
+  if (unit == Unit::amx) return tile_scores(q, ldq, Dp, kp, kb0, kb1, s, lds);
+#endif
+#if defined(CONTINUUM_CPU_AVX512BF16)
+  if (unit == Unit::avx512bf16) return dot_scores(q, ldq, Dp, kp, kb0, kb1, s, lds, std::min(rows, kRows));
+#endif
+  (void)unit, (void)q, (void)ldq, (void)Dp, (void)kp, (void)kb0, (void)kb1, (void)s, (void)lds, (void)rows;
+}
+
+/// O += W̃ · V for the rows [0, rows) of a 16-row block (see tile_accumulate)
+/// on `unit` (AMX computes the whole block: W̃'s rows past `rows` must be zeros).
+inline void accumulate(Unit unit, const std::uint16_t* w, index_t ldw, index_t n_steps, const std::uint16_t* vp,
+                       index_t Dvp, float* o, index_t ldo, index_t rows) {
+#if defined(CONTINUUM_CPU_AMX)
+  if (unit == Unit::amx) return tile_accumulate(w, ldw, n_steps, vp, Dvp, o, ldo);
+#endif
+#if defined(CONTINUUM_CPU_AVX512BF16)
+  if (unit == Unit::avx512bf16) return dot_accumulate(w, ldw, n_steps, vp, Dvp, o, ldo, std::min(rows, kRows));
+#endif
+  (void)unit, (void)w, (void)ldw, (void)n_steps, (void)vp, (void)Dvp, (void)o, (void)ldo, (void)rows;
+}
+
+/// Whether `unit` can run here (none always can).
+inline bool usable(Unit unit) {
+  return unit == Unit::none || (unit == Unit::amx && amx_usable()) ||
+         (unit == Unit::avx512bf16 && avx512bf16_usable());
+}
+
+}  // namespace bf16
+}  // namespace cpu_detail
+}  // namespace CONTINUUM_CPU_ISA_NAMESPACE
+}  // namespace continuum
