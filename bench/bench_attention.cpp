@@ -149,7 +149,7 @@ template <class T>
 double fma_kernel(long iters, T seed) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   const std::string isa = kernel_isa();
-  if (isa == "avx512" || isa == "amx") return fma_512<T>(iters, seed);
+  if (isa == "avx512" || isa == "avx512bf16" || isa == "amx") return fma_512<T>(iters, seed);
   if (isa == "avx2" || isa == "avx+fma") return fma_256<T>(iters, seed);
 #endif
   return fma_128<T>(iters, seed);
@@ -224,19 +224,49 @@ __attribute__((noinline, target("amx-tile,amx-bf16"))) double amx_loop(long iter
 }
 #endif
 
+/// The AVX512-BF16 peak: 16 independent vdpbf16ps chains (16 lanes × 2
+/// multiply-adds each) on register-resident vectors, per thread; the FLOPs done.
+#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
+#  define BENCH_AVX512BF16 1
+__attribute__((noinline, target("avx512f,avx512bf16"))) double dpbf16_loop(long iters) {
+  constexpr int kAcc = 16;
+  __m512 acc[kAcc];
+  for (int a = 0; a < kAcc; ++a) acc[a] = _mm512_set1_ps(float(a));
+  __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), y = (__m512bh)_mm512_set1_epi32(0x33d633d6);
+  for (long i = 0; i < iters; ++i) {
+#  pragma GCC unroll 16
+    for (int a = 0; a < kAcc; ++a) acc[a] = _mm512_dpbf16_ps(acc[a], x, y);
+    asm volatile("" : "+v"(x));  // keep the loop from being folded
+  }
+  float sink = 0;
+  for (int a = 0; a < kAcc; ++a) sink += _mm512_reduce_add_ps(acc[a]);
+  benchmark::DoNotOptimize(sink);
+  return 2.0 * 2.0 * 16 * kAcc * double(iters);
+}
+#endif
+
 /// The peak of the unit that runs bfloat16 products: AMX tiles when the
-/// kernels are "amx" (best of three ~50 ms trials), else float FMA (the
-/// vector path converts bfloat16 to float).
+/// kernels are "amx", AVX512-BF16 vectors when they are "avx512bf16" (best of
+/// three ~50 ms trials), else float FMA (the vector path converts bfloat16
+/// to float).
 double measure_peak_bf16(int threads) {
 #if defined(BENCH_AMX)
   if (std::string(kernel_isa()) == "amx") return best_rate(threads, [] { return amx_loop(2'000'000); });
 #endif
+#if defined(BENCH_AVX512BF16)
+  if (std::string(kernel_isa()) == "avx512bf16")
+    return best_rate(threads, [] { return dpbf16_loop(6'000'000); });
+#endif
   return measure_peak<float>(threads);
 }
 
-/// The unit bfloat16 products run on: "amx" or "float FMA (<isa>)".
+/// The unit bfloat16 products run on: "amx-bf16 tiles", "avx512-bf16
+/// vectors" or "float FMA, <isa>".
 std::string bf16_unit() {
-  return std::string(kernel_isa()) == "amx" ? "amx-bf16 tiles" : std::string("float FMA, ") + kernel_isa();
+  const std::string isa = kernel_isa();
+  if (isa == "amx") return "amx-bf16 tiles";
+  if (isa == "avx512bf16") return "avx512-bf16 vectors";
+  return "float FMA, " + isa;
 }
 
 /// Peaks measured once at start-up, keyed by (bytes of T, threads).
@@ -626,7 +656,7 @@ void register_all() {
                                  vis_name(v) + (bwd ? "/fwdbwd" : "/fwd") + "/f64";
         shape(benchmark::RegisterBenchmark(name.c_str(), BM_attention<double>, k, v, bwd, true), N, D, 2);
       }
-  // bfloat16 storage (float accumulation; products on AMX where "amx" runs):
+  // bfloat16 storage (float accumulation; products on the bfloat16 unit where "amx" or "avx512bf16" runs):
   // every kernel, full and causal, fwd and fwd+bwd, 2 threads.
   for (bool bwd : {false, true})
     for (Kernel k : kernels)

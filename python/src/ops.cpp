@@ -484,7 +484,7 @@ TORCH_LIBRARY_IMPL(continuum, CUDA, m) {
 #endif
 
 // _C.cpu_isa(): the instruction set whose CPU kernels the operator runs
-// ("amx", "avx512", "avx2", "sse2": continuum::cpu_dispatch, chosen at the first call
+// ("amx", "avx512bf16", "avx512", "avx2", "sse2": continuum::cpu_dispatch, chosen at the first call
 // from the CPU or CONTINUUM_CPU_ISA; MATH.md §10, "Instruction sets"). ValueError
 // when CONTINUUM_CPU_ISA names one this CPU cannot run.
 static PyObject* cpu_isa(PyObject*, PyObject*) {

@@ -25,7 +25,7 @@ def run_probe(isa):
 
 
 def test_cpu_isa_names_a_known_set():
-    assert ca.cpu_isa() in {"sse2", "avx2", "avx512", "amx", "avx+fma", "avx", "generic", "scalar"}
+    assert ca.cpu_isa() in {"sse2", "avx2", "avx512", "avx512bf16", "amx", "avx+fma", "avx", "generic", "scalar"}
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="dispatch exists on x86-64 only")

@@ -3,10 +3,12 @@ call to float32 once, runs its float32 kernels and rounds each output once to
 the storage dtype; lse and dτ stay float32 (docs/MATH.md §10). 16-bit → float32
 is exact and both roundings are to nearest even, so a float16 call equals, bit
 for bit, the float32 call on the same values with its outputs rounded to
-float16 — and so does a bfloat16 call of softmax or focal off AMX.
+float16 — and so does a bfloat16 call of softmax or focal without a bfloat16
+unit.
 
-Where the CPU kernels are "amx" (ca.cpu_isa()), the tile products run on
-AMX-BF16 (docs/MATH.md §10, "bfloat16 on AMX"): the scores are c·(q·k) and the
+Where the CPU kernels are "amx" or "avx512bf16" (ca.cpu_isa()), the products
+run on that bfloat16 unit, AMX-BF16 tiles or AVX512-BF16 vectors
+(docs/MATH.md §10, "bfloat16 products"): the scores are c·(q·k) and the
 forward's P·V takes the weights rounded to bfloat16, so the forward is held to
 the derived bound instead — the float32 call's output within one bfloat16
 rounding of itself plus 2^-8·max|v| — and lse to float rounding; the
@@ -57,12 +59,12 @@ def test_16bit_is_the_float32_call_rounded_once(dtype, kernel, causal, temperatu
     o32, lse32, dq32, dk32, dv32, dt32 = run(torch.float32)
     assert o16.dtype == dtype and lse16.dtype == torch.float32
     bf16 = dtype == torch.bfloat16
-    amx = bf16 and ca.cpu_isa() == "amx"
+    unit = bf16 and ca.cpu_isa() in ("amx", "avx512bf16")
     u = 2.0 ** -8
     eps = 2.0 ** -14 if bf16 and kernel == "continuum" else 0.0  # the bfloat16 stencil's
     vmax = float(v.float().abs().max())
-    if amx or eps > 0:
-        bound = u * o32.abs() + (u if amx else 0.0) * vmax + 2 * eps * vmax * (1 + u) + 1e-6
+    if unit or eps > 0:
+        bound = u * o32.abs() + (u if unit else 0.0) * vmax + 2 * eps * vmax * (1 + u) + 1e-6
         assert ((o16.float() - o32).abs() <= bound).all()
         assert ((lse16 - lse32).abs() <= eps + 1e-5 * (1 + lse32.abs())).all()
     else:
@@ -70,14 +72,14 @@ def test_16bit_is_the_float32_call_rounded_once(dtype, kernel, causal, temperatu
         assert torch.equal(lse16, lse32)
     for g16, g32 in ((dq16, dq32), (dk16, dk32), (dv16, dv32)):
         assert g16.dtype == dtype
-        if amx or eps > 0:
+        if unit or eps > 0:
             bound = u * g32.abs() + (1e-5 + 12 * eps) * g32.abs().max() * (1 + u) + 1e-30
             assert ((g16.float() - g32).abs() <= bound).all()
         else:
             assert torch.equal(g16, g32.to(dtype))
     if dt16 is not None:
         assert dt16.dtype == torch.float32
-        if amx or eps > 0:
+        if unit or eps > 0:
             assert torch.allclose(dt16, dt32, rtol=1e-4, atol=(1e-5 + 12 * eps) * float(dt32.abs().max()))
         else:
             assert torch.equal(dt16, dt32)
