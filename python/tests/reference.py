@@ -36,8 +36,10 @@ def visibility_mask(B, Lq, Lk, causal=False, window=(-1, -1), ranges=None):
 
 
 def attention(q, k, v, kernel="continuum", causal=False, window=(-1, -1), ranges=None,
-              temperature=1.0, scale=None):
-    """(out, lse) as continuum_attention.attention, in the dtype of q (use float64)."""
+              temperature=1.0, scale=None, probe=None):
+    """(out, lse) as continuum_attention.attention, in the dtype of q (use float64).
+    probe (a dict, optional) receives the scores s [B, Hq, Lq, Lk] (whose .grad
+    after a backward is dS), the weights P and c = scale / τ [B, Hq, Lq, 1]."""
     B, Hq, Lq, D = q.shape
     Hk, Lk = k.shape[1], k.shape[2]
     g = Hq // Hk
@@ -49,6 +51,8 @@ def attention(q, k, v, kernel="continuum", causal=False, window=(-1, -1), ranges
         tau = tau.view(1, Hq, 1)
     c = (scale / tau).expand(B, Hq, Lq).unsqueeze(-1)
     s = c * (q @ k.transpose(-1, -2))                       # [B, Hq, Lq, Lk]
+    if probe is not None and s.requires_grad:
+        s.retain_grad()
     vis = visibility_mask(B, Lq, Lk, causal, window, ranges).unsqueeze(1).expand_as(s)
     neg = torch.tensor(-torch.inf, dtype=s.dtype)
     m = torch.where(vis, s, neg).amax(-1, keepdim=True)
@@ -76,6 +80,8 @@ def attention(q, k, v, kernel="continuum", causal=False, window=(-1, -1), ranges
     Z = alpha.sum(-1, keepdim=True)
     empty = Z == 0
     P = alpha / torch.where(empty, torch.ones_like(Z), Z)
+    if probe is not None:
+        probe.update(s=s, P=P, c=c)
     out = P @ v
     lse = torch.where(empty, neg, m + torch.log(torch.where(empty, torch.ones_like(Z), Z)))
     return out, lse.squeeze(-1)

@@ -443,6 +443,50 @@ ForwardCheck check_forward(Case<T>& c, const std::string& label) {
   return r;
 }
 
+/// The sizes of the terms the gradients sum, from the reference's P (f.probs)
+/// and dS (g.grad_scores), with c_max = scale / τ_min:
+///   dq = c_max · max_i Σ_j |dS_ij| · max|k|,   dk = c_max · max_j Σ_i |dS_ij| · max|q|,
+///   dv = max_j Σ_i P_ij · max|dO|,              dtau = max_i Σ_j |dS_ij s_ij| / τ_min
+/// (the column sums j run over the query heads that share a KV head). A
+/// gradient that cancels is held to its rounding relative to these; a
+/// relative perturbation η of every P or dS term moves it by at most η times
+/// them (test_storage16.cpp: the bfloat16 units' rounded P and dS).
+struct GradTermScales {
+  double dq = 0, dk = 0, dv = 0, dtau = 0;
+};
+template <class P, class F, class G>
+GradTermScales grad_term_scales(const P& p, const F& f, const G& g, double max_dout = 0) {
+  double tmin = 1e300;
+  for (const auto& t : p.temperature) tmin = std::min(tmin, static_cast<double>(to_ld(t)));
+  const double cmax = static_cast<double>(to_ld(p.scale)) / tmin, qmax = max_abs(p.query), kmax = max_abs(p.key);
+  const std::size_t Lk = static_cast<std::size_t>(p.len_k);
+  const std::size_t rows = g.grad_scores.size() / std::max<std::size_t>(Lk, 1);
+  double row_ds = 0, row_dss = 0;
+  std::vector<double> col_ds(static_cast<std::size_t>(p.batch * p.heads_kv) * Lk, 0.0), col_p(col_ds.size(), 0.0);
+  for (std::size_t ri = 0; ri < rows; ++ri) {
+    double a = 0, b2 = 0;
+    const std::size_t bh = ri / static_cast<std::size_t>(p.len_q);
+    const std::size_t bb = bh / static_cast<std::size_t>(p.heads_q), hh = bh % static_cast<std::size_t>(p.heads_q);
+    const std::size_t kvrow =
+        bb * static_cast<std::size_t>(p.heads_kv) + static_cast<std::size_t>(p.kv_head(static_cast<index_t>(hh)));
+    for (std::size_t j = 0; j < Lk; ++j) {
+      const double ds = std::fabs(static_cast<double>(to_ld(g.grad_scores[ri * Lk + j])));
+      a += ds;
+      b2 += ds * std::fabs(static_cast<double>(to_ld(f.scores[ri * Lk + j])));
+      col_ds[kvrow * Lk + j] += ds;
+      col_p[kvrow * Lk + j] += std::fabs(static_cast<double>(to_ld(f.probs[ri * Lk + j])));
+    }
+    row_ds = std::max(row_ds, a);
+    row_dss = std::max(row_dss, b2);
+  }
+  GradTermScales t;
+  t.dq = cmax * row_ds * kmax;
+  t.dk = cmax * (col_ds.empty() ? 0.0 : *std::max_element(col_ds.begin(), col_ds.end())) * qmax;
+  t.dv = (col_p.empty() ? 0.0 : *std::max_element(col_p.begin(), col_p.end())) * max_dout;
+  t.dtau = row_dss / tmin;
+  return t;
+}
+
 struct BackwardCheck {
   Error dq, dk, dv, dtau;
   double tol = 0, max_score = 0;
@@ -466,36 +510,12 @@ BackwardCheck check_backward(Case<T>& c, const std::string& label) {
   r.dtau = compare(c.dtau, g.grad_temperature);
   // A gradient that cancels to ~0 (e.g. dQ and dτ when every score in a row
   // is equal: Σ_j dS_ij = 0) has no meaningful max-abs; its rounding error is
-  // relative to the sum of |terms|. So the scale is max(max|ref|, term scale):
-  //   dQ: c_max · max_i Σ_j |dS_ij| · max|k|,  dK: c_max · max_j Σ_i |dS_ij| · max|q|,
-  //   dτ: max_i Σ_j |dS_ij s_ij| / τ_min.
+  // relative to the sum of |terms|: the scale is max(max|ref|, term scale).
   {
-    double cmax = 0, tmin = 1e300, qmax = max_abs(p.query), kmax = max_abs(p.key);
-    for (const R& t : p.temperature) tmin = std::min(tmin, static_cast<double>(to_ld(t)));
-    cmax = static_cast<double>(to_ld(p.scale)) / tmin;
-    const std::size_t Lk = static_cast<std::size_t>(p.len_k);
-    const std::size_t rows = g.grad_scores.size() / std::max<std::size_t>(Lk, 1);
-    double row_ds = 0, row_dss = 0;
-    std::vector<double> col_ds(static_cast<std::size_t>(p.batch * p.heads_kv) * Lk, 0.0);
-    for (std::size_t ri = 0; ri < rows; ++ri) {
-      double a = 0, b2 = 0;
-      const std::size_t bh = ri / static_cast<std::size_t>(p.len_q);
-      const std::size_t bb = bh / static_cast<std::size_t>(p.heads_q), hh = bh % static_cast<std::size_t>(p.heads_q);
-      const std::size_t kvrow = bb * static_cast<std::size_t>(p.heads_kv) + static_cast<std::size_t>(p.kv_head(static_cast<index_t>(hh)));
-      for (std::size_t j = 0; j < Lk; ++j) {
-        const double ds = std::fabs(static_cast<double>(to_ld(g.grad_scores[ri * Lk + j])));
-        a += ds;
-        b2 += ds * std::fabs(static_cast<double>(to_ld(f.scores[ri * Lk + j])));
-        col_ds[kvrow * Lk + j] += ds;
-      }
-      row_ds = std::max(row_ds, a);
-      row_dss = std::max(row_dss, b2);
-    }
-    double col = 0;
-    for (double x : col_ds) col = std::max(col, x);
-    r.dq.ref_scale = std::max(r.dq.ref_scale, cmax * row_ds * kmax);
-    r.dk.ref_scale = std::max(r.dk.ref_scale, cmax * col * qmax);
-    r.dtau.ref_scale = std::max(r.dtau.ref_scale, row_dss / tmin);
+    const GradTermScales t = grad_term_scales(p, f, g);
+    r.dq.ref_scale = std::max(r.dq.ref_scale, t.dq);
+    r.dk.ref_scale = std::max(r.dk.ref_scale, t.dk);
+    r.dtau.ref_scale = std::max(r.dtau.ref_scale, t.dtau);
   }
   INFO("backward " << label << " " << type_name<T>() << " B=" << c.B << " Hq=" << c.Hq << " Hk=" << c.Hk
                    << " Lq=" << c.Lq << " Lk=" << c.Lk << " D=" << c.D << " Dv=" << c.dv_dim()

@@ -568,6 +568,25 @@ inline std::vector<index_t> rows_in_state(const std::vector<char>& ok, char stat
   return rows;
 }
 
+/// Whether a bfloat16 unit's flushes are below float rounding in a sum of n
+/// products x·y with |x| ≤ X, |y| ≤ Y. The unit treats denormal inputs as 0
+/// and flushes every denormal product and partial sum to 0 (bf16_products.hpp),
+/// which loses at most 2^-126 · n · (1 + X + Y) in all; that must be at most
+/// 2^-24 · X · Y, the scale of the float sum's own rounding. (Evaluated in
+/// double; a bound that underflowed to 0 in T fails it, which only declines.)
+inline bool unit_flush_negligible(double n, double X, double Y) {
+  return std::ldexp(1.0, -126) * n * (1 + X + Y) <= std::ldexp(1.0, -24) * X * Y;
+}
+
+/// Whether the n elements at x are all zero (then every product with them is
+/// exactly 0 and nothing is flushed).
+template <class T>
+bool all_zero(const T* x, index_t n) {
+  for (index_t d = 0; d < n; ++d)
+    if (x[d] != T(0)) return false;
+  return true;
+}
+
 /// Per-row states for the kernels in T (see above): ok[row] is a RowState.
 /// The keys and values may be stored in S (a forward's 16-bit KV cache).
 /// subset (null = every row) marks the rows this call computes. grad_out is
@@ -629,6 +648,23 @@ index_t row_eligibility(const TensorView<const T>& query, const TensorView<const
                       A(rg.size() + 1) * vmax <= A(kValueBound<T>);
           // dP = dO · Vᵀ stays far from overflow.
           if (fine && grad_out) fine = A(std::max(value.dim, rg.size()) + 1) * gm * vmax <= A(kValueBound<T>);
+          // unscaled_scores (a bfloat16 unit): its flushes of tiny products
+          // stay below float rounding (unit_flush_negligible) in each sum the
+          // unit forms — q·k; the P·V sum (weights ≤ 1); and backward, dO·v,
+          // dV = Σ P dO, dQ = Σ dS k and dK = Σ (c dS) q with |dS| ≤ 4 ‖dO‖ max‖v‖
+          // — else the row is computed without the unit, in the wider type.
+          if (fine && unscaled_scores) {
+            const double n = double(std::max(rg.size(), grad_out ? Lq * group : index_t(0)) + 1);
+            const double Q = double(qn), K = double(kmax), V = double(vmax), G = double(gm);
+            const bool q0 = qn == A(0) && all_zero(query.row(b, h, i), query.dim);
+            const bool g0 = grad_out && gm == A(0) && all_zero(grad_out->row(b, h, i), grad_out->dim);
+            fine = (q0 || unit_flush_negligible(double(query.dim), Q, K)) && unit_flush_negligible(n, 1, V);
+            if (fine && grad_out && !g0) {
+              const double ds = 4 * G * V;  // |dS_ij| ≤ 4 ‖dO_i‖ max‖v‖ (two segments' terms, each ≤ P |dP − Dl|)
+              fine = unit_flush_negligible(double(value.dim), G, V) && unit_flush_negligible(n, 1, G) &&
+                     unit_flush_negligible(n, ds, K) && (q0 || unit_flush_negligible(n, double(c) * ds, Q));
+            }
+          }
           if (!fine) {
             state = kDeclined;
             ++rejected;
@@ -1565,6 +1601,18 @@ struct BackwardWorkspace {
   std::vector<std::uint16_t> qb, gb, kp, vkp, refp;
   std::vector<char> all_keys;
   std::vector<T> refv, tile;
+  // The accumulation products on the unit (accumulate_backward_bf16): D and
+  // Dv padded to whole 16-column blocks (dk, dv then have Dc, Dvc columns),
+  // the A side (P̃ᵀ, (c dS)̃ᵀ, dS̃: bfloat16 bits, and the pair words of the
+  // transposed ones), the packed B sides (dO and q of the task's query
+  // blocks, k of the key tile), a dQ scratch block, and which rows and keys
+  // take part (the others' data packed as zeros, never loaded).
+  index_t Dc = 0, Dvc = 0;
+  std::vector<std::uint16_t> at, bdo, bq, bk;
+  std::vector<std::uint32_t> words;
+  std::vector<T> dqs;
+  std::vector<char> rseen, kseen;
+  std::vector<int> cover;
   BackwardWorkspace(index_t D, index_t Dv, bf16::Unit on = bf16::Unit::none)
       : q(kBrBwd, D), dout(kBrBwd, Dv), kt(D, kBc + 2 + kPad<T>), vt(Dv, kBc + 2 + kPad<T>),
         s(kBrBwd, kBc + 2 + kPad<T>), dp(kBrBwd, kBc + 2 + kPad<T>), p(kBrBwd, kBc), ds(kBrBwd, kBc),
@@ -1581,6 +1629,17 @@ struct BackwardWorkspace {
       all_keys.assign(std::size_t(kBc + 2 * bf16::kCols), 1);
       refv.assign(std::size_t(bf16::kCols * Dv), T(0));
       tile.resize(std::size_t(bf16::kRows * bf16::kCols));
+      Dc = round_up(D, bf16::kCols);
+      Dvc = round_up(Dv, bf16::kCols);
+      dk.resize(kBc, Dc);
+      dv.resize(kBc, Dvc);
+      at.resize(std::size_t(std::max(kBc * kBrBwd, round_up(kBrBwd, bf16::kRows) * round_up(kBc, bf16::kStep))));
+      words.resize(std::size_t(kBrBwd / 2 * kBc));
+      bk.resize(std::size_t(Dc * round_up(kBc, bf16::kStep)));
+      dqs.resize(std::size_t(round_up(kBrBwd, bf16::kRows) * Dc));
+      rseen.resize(std::size_t(kBrBwd));
+      kseen.resize(std::size_t(kBc));
+      cover.resize(std::size_t(kBc + 1));
     }
   }
 };
@@ -1685,6 +1744,160 @@ void reference_dp_bf16(const BackwardArgs<T>& a, index_t b, index_t h, index_t h
       bf16::scores(ws.unit, ws.gb.data(), ws.Dvq, ws.Dvq, ws.refp.data(), 0, 1, ws.tile.data(), bf16::kCols, n);
       for (index_t r = 0; r < n; ++r)
         if (range[i0 + r].hi > range[i0 + r].lo) dpref[i0 + r] = ws.tile[std::size_t(r * bf16::kCols + r)];
+    }
+  }
+}
+
+/// The backward's accumulations on a bfloat16 unit (MATH.md §10, "bfloat16
+/// products"), with P and dS rounded to bfloat16:
+///   dV[c] += Σ_r P̃_rc dO_r,   dK[c] += Σ_r (c_r dS_rc)~ q_r,   dQ_r += Σ_c dS̃_rc k_c
+/// (dQ's factor c_r is applied at the end, as on the vector path). Their B
+/// sides are packed once: dO and q of every query block of the task
+/// (pack_backward_rows_bf16, whole kBrBwd-row blocks) and each key tile's k
+/// (pack_backward_keys_bf16). Rows and keys that no tiled row's range takes
+/// are packed as zeros, never loaded, and row r's P̃ and dS̃ are zero outside
+/// its key columns [ov0[r], ov1[r]), so data a row cannot see never enters
+/// its sums (all data a tiled row sees is finite: row_eligibility).
+template <class T>
+void pack_backward_rows_bf16(const BackwardArgs<T>& a, index_t b, index_t hk, const std::vector<RowInfo<T>>& rows,
+                             BackwardWorkspace<T>& ws) {
+  if constexpr (kBf16<T>) {
+    const index_t Lq = a.query.seq, group = index_t(rows.size()), nblk = (Lq + kBrBwd - 1) / kBrBwd;
+    const std::size_t sdo = std::size_t(ws.Dvc * kBrBwd), sq = std::size_t(ws.Dc * kBrBwd);
+    ws.bdo.resize(std::size_t(group * nblk) * sdo);
+    ws.bq.resize(std::size_t(group * nblk) * sq);
+    for (index_t gq = 0; gq < group; ++gq) {
+      const index_t h = hk * group + gq;
+      for (index_t blk = 0; blk < nblk; ++blk) {
+        const index_t i0 = blk * kBrBwd, nr = std::min(kBrBwd, Lq - i0);
+        for (index_t r = 0; r < nr; ++r)
+          ws.rseen[std::size_t(r)] = char(rows[gq].range[i0 + r].hi > rows[gq].range[i0 + r].lo);
+        const std::size_t at = std::size_t(gq * nblk + blk);
+        bf16::pack_values(a.grad_out.row(b, h, i0), a.grad_out.stride_seq, nr, a.value.dim, ws.Dvc, ws.rseen.data(),
+                          kBrBwd / bf16::kStep, ws.bdo.data() + at * sdo);
+        bf16::pack_values(a.query.row(b, h, i0), a.query.stride_seq, nr, a.query.dim, ws.Dc, ws.rseen.data(),
+                          kBrBwd / bf16::kStep, ws.bq.data() + at * sq);
+      }
+    }
+  }
+}
+
+/// The keys [k0, k0 + nc) packed as the B side of dQ += dS̃ · K (keys no
+/// tiled row of the task sees: zeros).
+template <class T>
+void pack_backward_keys_bf16(const BackwardArgs<T>& a, index_t b, index_t hk, index_t k0, index_t nc,
+                             const std::vector<RowInfo<T>>& rows, BackwardWorkspace<T>& ws) {
+  if constexpr (kBf16<T>) {
+    std::fill(ws.cover.begin(), ws.cover.begin() + nc + 1, 0);
+    for (const RowInfo<T>& ri : rows)
+      for (const RowRange& rg : ri.range) {
+        const index_t lo = std::max(rg.lo, k0), hi = std::min(rg.hi, k0 + nc);
+        if (lo >= hi) continue;
+        ++ws.cover[std::size_t(lo - k0)];
+        --ws.cover[std::size_t(hi - k0)];
+      }
+    int run = 0;
+    for (index_t j = 0; j < nc; ++j) ws.kseen[std::size_t(j)] = char((run += ws.cover[std::size_t(j)]) > 0);
+    bf16::pack_values(a.key.row(b, hk, k0), a.key.stride_seq, nc, a.query.dim, ws.Dc, ws.kseen.data(),
+                      round_up(nc, bf16::kStep) / bf16::kStep, ws.bk.data());
+  }
+}
+
+/// The A side of dV and dK for one query block: at = (keys × kBrBwd rows),
+/// at[c·kBrBwd + r] = bfloat16(scale_r · x[r·ldx + c]) for c in row r's
+/// [ov0, ov1), else 0; keys [nc, ncb) are zero rows. Row pairs are joined
+/// along the keys, then 16 × 16 blocks of pair words are transposed in
+/// registers.
+template <class T>
+void transposed_bits(const T* x, index_t ldx, index_t nr, index_t nc, const T* scale, BackwardWorkspace<T>& ws) {
+  if constexpr (kBf16<T>) {
+    const index_t ncb = round_up(nc, bf16::kCols), P = kBrBwd / 2;
+    std::uint32_t* w = ws.words.data();  // P × ncb pair words, w[t·ncb + c]
+    for (index_t t = 0; t < P; ++t) {
+      const index_t r0 = 2 * t, r1 = 2 * t + 1;
+      const bool in0 = r0 < nr, in1 = r1 < nr;
+      const index_t a0 = in0 ? ws.ov0[r0] : 0, b0 = in0 ? ws.ov1[r0] : 0;
+      const index_t a1 = in1 ? ws.ov0[r1] : 0, b1 = in1 ? ws.ov1[r1] : 0;
+      const T s0 = in0 && scale ? scale[r0] : T(1), s1 = in1 && scale ? scale[r1] : T(1);
+      const T* x0 = x + r0 * ldx;
+      const T* x1 = x + r1 * ldx;
+      std::uint32_t* wt = w + t * ncb;
+#pragma omp simd
+      for (index_t col = 0; col < ncb; ++col) {
+        const std::uint32_t lo = col >= a0 && col < b0 ? bf16::bits_rounded(s0 * x0[col]) : 0u;
+        const std::uint32_t hi = col >= a1 && col < b1 ? bf16::bits_rounded(s1 * x1[col]) : 0u;
+        wt[col] = lo | hi << 16;
+      }
+    }
+    std::uint32_t* out = reinterpret_cast<std::uint32_t*>(ws.at.data());  // ncb × P pair words
+#if defined(CONTINUUM_CPU_AVX512BF16)  // (where kBf16<T> can hold: AVX-512, 16 floats a vector)
+    using F = Simd<float>;
+    for (index_t c0 = 0; c0 < ncb; c0 += F::W)
+      for (index_t t0 = 0; t0 < P; t0 += F::W) {
+        typename F::v v[F::W];
+        for (index_t i = 0; i < F::W; ++i) v[i] = F::load(reinterpret_cast<const float*>(w + (t0 + i) * ncb + c0));
+        transpose_block<float>(v);
+        for (index_t i = 0; i < F::W; ++i) F::store(reinterpret_cast<float*>(out + (c0 + i) * P + t0), v[i]);
+      }
+#else
+    for (index_t col = 0; col < ncb; ++col)
+      for (index_t t = 0; t < P; ++t) out[col * P + t] = w[t * ncb + col];
+#endif
+  }
+}
+
+/// The three accumulations of query block i0 (nr rows, block blk of head gq)
+/// against key tile [k0, k0 + nc) (see pack_backward_rows_bf16).
+template <class T>
+void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, index_t gq, index_t blk, index_t i0,
+                              index_t nr, index_t nc, const T* c, bool want_dk, bool want_dv,
+                              BackwardWorkspace<T>& ws) {
+  if constexpr (kBf16<T>) {
+    const index_t D = a.query.dim, ldp = ws.p.cols(), Lq = a.query.seq;
+    const index_t nblk = (Lq + kBrBwd - 1) / kBrBwd, steps = kBrBwd / bf16::kStep;
+    const std::size_t at = std::size_t(gq * nblk + blk);
+    // dV and dK: A = (keys × rows); the AMX tiles take whole 16-key blocks,
+    // so keys [nc, ncb) are zero rows (and the accumulators' rows there are
+    // zeroed by the caller).
+    if (want_dv) {
+      transposed_bits<T>(ws.p.data(), ldp, nr, nc, nullptr, ws);
+      for (index_t g = 0; g < nc; g += bf16::kRows)
+        bf16::accumulate(ws.unit, ws.at.data() + g * kBrBwd, kBrBwd, steps,
+                         ws.bdo.data() + at * std::size_t(ws.Dvc * kBrBwd), ws.Dvc, ws.dv.data() + g * ws.Dvc,
+                         ws.Dvc, block_rows(g, nc));
+    }
+    if (want_dk) {
+      transposed_bits<T>(ws.ds.data(), ldp, nr, nc, c + i0, ws);
+      for (index_t g = 0; g < nc; g += bf16::kRows)
+        bf16::accumulate(ws.unit, ws.at.data() + g * kBrBwd, kBrBwd, steps,
+                         ws.bq.data() + at * std::size_t(ws.Dc * kBrBwd), ws.Dc, ws.dk.data() + g * ws.Dc, ws.Dc,
+                         block_rows(g, nc));
+    }
+    if (a.grad_query.data) {
+      // dQ: A = dS̃ (rows × keys), into a scratch copy of the rows' dQ
+      // (whole 16-row blocks, 16-column blocks).
+      const index_t ncp = round_up(nc, bf16::kStep), nrb = round_up(nr, bf16::kRows);
+      std::uint16_t* ab = ws.at.data();
+      std::fill(ab + nr * ncp, ab + nrb * ncp, std::uint16_t(0));
+      for (index_t r = 0; r < nr; ++r) {
+        const T* x = ws.ds.data() + r * ldp;
+        std::uint16_t* ar = ab + r * ncp;
+        const index_t lo = ws.ov0[r], hi = ws.ov1[r];
+#pragma omp simd
+        for (index_t col = 0; col < ncp; ++col) ar[col] = col >= lo && col < hi ? bf16::bits_rounded(x[col]) : 0;
+      }
+      T* dq = ws.dqs.data();
+      for (index_t r = 0; r < nrb; ++r) {
+        T* d = dq + r * ws.Dc;
+        if (r < nr) std::copy(a.grad_query.row(b, h, i0 + r), a.grad_query.row(b, h, i0 + r) + D, d);
+        else std::fill(d, d + D, T(0));
+        std::fill(d + D, d + ws.Dc, T(0));
+      }
+      for (index_t g = 0; g < nr; g += bf16::kRows)
+        bf16::accumulate(ws.unit, ab + g * ncp, ncp, ncp / bf16::kStep, ws.bk.data(), ws.Dc, dq + g * ws.Dc, ws.Dc,
+                         block_rows(g, nr));
+      for (index_t r = 0; r < nr; ++r)
+        if (ws.ov1[r] > ws.ov0[r]) std::copy(dq + r * ws.Dc, dq + r * ws.Dc + D, a.grad_query.row(b, h, i0 + r));
     }
   }
 }
@@ -1910,6 +2123,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     }
   }
 
+  if (ws.on_unit()) pack_backward_rows_bf16(a, b, hk, rows, ws);
   for (index_t k0 = 0; k0 < Lk; k0 += kTile) {
     const index_t k1 = std::min(k0 + kTile, Lk);
     const index_t nc = k1 - k0;
@@ -1917,10 +2131,13 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     const index_t kk1 = Stencil::has_halo ? std::min(k1 + 1, Lk) : k1;
     const index_t off = k0 - kk0;  // column of key k0 in s/dp
     const index_t nk = kk1 - kk0;
-    ws.dk.topRows(nc).setZero();
-    ws.dv.topRows(nc).setZero();
+    // (A unit's tiles take whole 16-key blocks of the accumulators.)
+    const index_t nz = ws.on_unit() ? std::min(round_up(nc, bf16::kRows), kBc) : nc;
+    ws.dk.topRows(nz).setZero();
+    ws.dv.topRows(nz).setZero();
     const index_t nkp = round_up(nk, kPad<T>);
     if (ws.on_unit()) {
+      if (a.grad_query.data) pack_backward_keys_bf16(a, b, hk, k0, nc, rows, ws);
       pack_backward_tile_bf16(a, b, hk, kk0, nk, nkp, true, ws);
     } else {
       pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), nkp);
@@ -1938,10 +2155,12 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
         if (!any) continue;
         for (index_t r = 0; r < nr; ++r) {
           const index_t i = i0 + r;
-          const T* qi = a.query.row(b, h, i);
-          const T c = ri.c[i];
-          T* qs = ws.q.row(r).data();
-          for (index_t d = 0; d < D; ++d) qs[d] = c * qi[d];
+          if (!ws.on_unit()) {  // (a unit takes q as stored and c_i apart)
+            const T* qi = a.query.row(b, h, i);
+            const T c = ri.c[i];
+            T* qs = ws.q.row(r).data();
+            for (index_t d = 0; d < D; ++d) qs[d] = c * qi[d];
+          }
           const T* go = a.grad_out.row(b, h, i);
           std::copy(go, go + Dv, ws.dout.row(r).data());
         }
@@ -2031,6 +2250,10 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
         // (query, key) pairs that see each other (range_gemm, key_range_gemm),
         // so a key, value, query or dO hidden from an output never enters it.
         const index_t ldp = ws.p.cols();
+        if (ws.on_unit()) {
+          accumulate_backward_bf16(a, b, h, gq, i0 / kBrBwd, i0, nr, nc, ri.c.data(), want_dk, want_dv, ws);
+          continue;
+        }
         if (want_dv)
           key_range_gemm<T>(nc, nr, Dv, ws.p.data(), ldp, ws.dout.data(), Dv, ws.dv.data(), Dv, ws.ov0.data(),
                             ws.ov1.data(), ws.rb.data(), ws.re.data());
@@ -2044,11 +2267,11 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     }
     if (a.grad_key.data) {
       StridedMap<T> dK(a.grad_key.row(b, hk, k0), nc, D, Eigen::OuterStride<>(a.grad_key.stride_seq));
-      dK = ws.dk.topRows(nc);
+      dK = ws.dk.topLeftCorner(nc, D);
     }
     if (a.grad_value.data) {
       StridedMap<T> dV(a.grad_value.row(b, hk, k0), nc, Dv, Eigen::OuterStride<>(a.grad_value.stride_seq));
-      dV = ws.dv.topRows(nc);
+      dV = ws.dv.topLeftCorner(nc, Dv);
     }
   }
   // dQ_i = c_i Σ_j dS_ij k_j: the scale was left out of the accumulation.
