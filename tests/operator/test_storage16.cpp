@@ -236,6 +236,26 @@ std::string unit_label() {
 #endif
 }
 
+/// The bfloat16 units a test runs on, one after the other (none, with a
+/// warning, where the CPU has none); the caller's selection is restored.
+struct UnitTests {
+#if defined(CONTINUUM_CPU_DISPATCH)
+  using Unit = cd::Isa;
+  RestoreIsa restore;
+  std::vector<Unit> list = bf16_units();
+  void select(Unit u) const { cd::select(u); }
+  bool is_amx(Unit u) const { return u == cd::Isa::amx; }
+#else
+  using Unit = int;  // the build's own kernels: one unit or none
+  std::vector<Unit> list = on_bf16_unit() ? std::vector<Unit>{0} : std::vector<Unit>{};
+  UnitTests() {
+    if (list.empty()) WARN("skipped: no bfloat16 unit (AVX512-BF16, AMX-BF16) for this process");
+  }
+  void select(Unit) const {}
+  bool is_amx(Unit) const { return continuum::cpu_detail::bf16::amx_usable(); }
+#endif
+};
+
 double max_abs_of(const Tensor<float>& t) {
   double m = 0;
   for (float x : t.buf) m = std::max(m, double(std::fabs(x)));
@@ -447,16 +467,8 @@ TEMPLATE_TEST_CASE("16-bit storage: the forward reads keys and values as stored,
 
 TEST_CASE("bfloat16 units: concentrated attention, decode rows, a split KV cache, FP state and tile state",
           "[operator][bfloat16]") {
-#if !defined(CONTINUUM_CPU_DISPATCH)
-  if (!on_bf16_unit()) {
-    WARN("skipped: no bfloat16 unit (AVX512-BF16, AMX-BF16) for this process");
-    return;
-  }
-  const std::vector<int> units = {0};
-#else
-  RestoreIsa restore;
-  const std::vector<cd::Isa> units = bf16_units();
-#endif
+  const UnitTests units;
+  if (units.list.empty()) return;
   use_mp_precision();
   const int kernel = GENERATE(0, 1);
   // τ = 0.01 and a causal mask over 2 key tiles: scores ~100 apart, so most
@@ -477,14 +489,9 @@ TEST_CASE("bfloat16 units: concentrated attention, decode rows, a split KV cache
   const double u = std::ldexp(1.0, -8);
   // The bf16-accuracy stencil's terms (continuum only; see the header).
   const double eps_stencil = kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
-  for (const auto unit : units) {
-#if defined(CONTINUUM_CPU_DISPATCH)
-    cd::select(unit);
-    const bool tiles = unit == cd::Isa::amx;
-#else
-    (void)unit;
-    const bool tiles = continuum::cpu_detail::bf16::amx_usable();
-#endif
+  for (const auto unit : units.list) {
+    units.select(unit);
+    const bool tiles = units.is_amx(unit);
     const std::string label = "bfloat16" + unit_label() + " tau 0.01";
     INFO(label << " kernel " << kernel);
     Bf16Call x(c);
@@ -574,16 +581,8 @@ TEST_CASE("bfloat16 units: operands small enough for the unit to flush go withou
   // vector path forms (c q)·k and never flushes): forward and backward
   // within the units' bound of the header. (Before the check: out off by
   // 1.8 with max|v| 2.6, softmax dQ all zeros against max|dQ| 0.9.)
-#if !defined(CONTINUUM_CPU_DISPATCH)
-  if (!on_bf16_unit()) {
-    WARN("skipped: no bfloat16 unit (AVX512-BF16, AMX-BF16) for this process");
-    return;
-  }
-  const std::vector<int> units = {0};
-#else
-  RestoreIsa restore;
-  const std::vector<cd::Isa> units = bf16_units();
-#endif
+  const UnitTests units;
+  if (units.list.empty()) return;
   use_mp_precision();
   const int kernel = GENERATE(0, 1);
   const int which = GENERATE(0, 1, 2);  // tiny q, k; tiny dO, v with q = 0; tiny q, k and τ = 1.2e-38
@@ -609,12 +608,8 @@ TEST_CASE("bfloat16 units: operands small enough for the unit to flush go withou
   const GradTermScales terms = grad_term_scales(p, f, g, max_abs_of(c.dout));
   const double u = std::ldexp(1.0, -8), eps_stencil = kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
   const double max_s = max_abs(f.scores);
-  for (const auto unit : units) {
-#if defined(CONTINUUM_CPU_DISPATCH)
-    cd::select(unit);
-#else
-    (void)unit;
-#endif
+  for (const auto unit : units.list) {
+    units.select(unit);
     INFO("bfloat16" << unit_label() << " kernel " << kernel << " case " << which << " max|s| " << max_s);
     Bf16Call x(c);
     std::vector<float> lse, dtau;
@@ -641,16 +636,8 @@ TEST_CASE("bfloat16 units: a decode step over a split KV cache (GQA, chunk halos
   // score on the unit), reads K and V as stored, and packs each tile for the
   // unit. Against the double reference: the float bound, one output rounding,
   // W̃'s u · max|v| and the bf16 stencil's 2ε · max|v| (header).
-#if !defined(CONTINUUM_CPU_DISPATCH)
-  if (!on_bf16_unit()) {
-    WARN("skipped: no bfloat16 unit (AVX512-BF16, AMX-BF16) for this process");
-    return;
-  }
-  const std::vector<int> units = {0};
-#else
-  RestoreIsa restore;
-  const std::vector<cd::Isa> units = bf16_units();
-#endif
+  const UnitTests units;
+  if (units.list.empty()) return;
   const int kernel = GENERATE(0, 1);
   const int window = GENERATE(0, 1);
   Case<float> c;
@@ -672,12 +659,8 @@ TEST_CASE("bfloat16 units: a decode step over a split KV cache (GQA, chunk halos
   round_inputs(c);
   const auto f = continuum::reference::forward(c.problem<double>());
   const double u = std::ldexp(1.0, -8), eps_stencil = kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
-  for (const auto unit : units) {
-#if defined(CONTINUUM_CPU_DISPATCH)
-    cd::select(unit);
-#else
-    (void)unit;
-#endif
+  for (const auto unit : units.list) {
+    units.select(unit);
     INFO("bfloat16" << unit_label() << " kernel " << kernel << " window " << window);
     Bf16Call x(c);
     std::vector<float> lse;
