@@ -629,6 +629,79 @@ TEST_CASE("bfloat16 units: operands small enough for the unit to flush go withou
   }
 }
 
+TEST_CASE("bfloat16 units: a backward whose P or dS is a bfloat16 denormal, or whose c·dS is near overflow",
+          "[operator][bfloat16]") {
+  // A reviewer's inputs (batch 1, one head, bfloat16 values). (a) scale 1e-37
+  // with q ~ 1e19: c·dS ~ 2e-39 is a bfloat16 denormal, which the unit reads
+  // as 0 (dK came out 0 against ~1e-19). (b) a far key (score −69) and
+  // dO = 5e-9: dS ~ 1e-39 (dQ came out 0). (c) scale 1e19 with |dS| ~ 4e20:
+  // c·dS overflows float (dK came out ±inf and NaN). Each must match the
+  // reference within the units' bound (header): (a), (b) by the vector path
+  // for that block (accumulate_backward_bf16), (c) by the row's going to
+  // double (row_eligibility).
+  const UnitTests units;
+  if (units.list.empty()) return;
+  use_mp_precision();
+  struct Input {
+    index_t Lq, Lk, D, Dv;
+    double scale;
+    std::vector<float> q, k, v, dout;
+  };
+  const std::vector<Input> inputs = {
+      {4, 3, 1, 2, 1e-37, {1e19f, -1e19f, 5e18f, 1e19f}, {0, 1e18f, 2e18f}, {1e18f, 0, 1e18f, 1, 1e18f, -2},
+       {0, 0.1f, 0, 0.1f, 0, 0.1f, 0, 0.1f}},
+      {4, 2, 2, 1, 1, {1e-16f, 0, 1e-16f, 0, 1e-16f, 0, 1e-16f, 0}, {0, 0, -69e16f, 1e19f}, {1, -1},
+       {5e-9f, 5e-9f, 5e-9f, 5e-9f}},
+      {1, 2, 2, 2, 1e19, {1e-17f, 0}, {0.01f, 0, 0, 0.01f}, {2e10f, 0, -2e10f, 0}, {1e10f, 0}},
+  };
+  const int which = GENERATE(0, 1, 2);
+  const int kernel = GENERATE(0, 1);
+  const Input& in = inputs[std::size_t(which)];
+  Case<float> c;
+  c.B = c.Hq = c.Hk = 1;
+  c.Lq = in.Lq;
+  c.Lk = in.Lk;
+  c.D = in.D;
+  c.Dv = in.Dv;
+  c.scale = in.scale;
+  c.tau = 1.0f;
+  c.kernel = kernel == 0 ? continuum::Kernel::continuum : continuum::Kernel::softmax;
+  c.alloc();
+  const auto put = [](Tensor<float>& t, const std::vector<float>& x, index_t L, index_t n) {
+    for (index_t i = 0; i < L; ++i)
+      for (index_t d = 0; d < n; ++d) t.view.row(0, 0, i)[d] = x[std::size_t(i * n + d)];
+  };
+  put(c.q, in.q, in.Lq, in.D);
+  put(c.k, in.k, in.Lk, in.D);
+  put(c.v, in.v, in.Lk, in.Dv);
+  put(c.dout, in.dout, in.Lq, in.Dv);
+  round_inputs(c);
+  const auto p = c.problem<mp>();
+  const auto f = continuum::reference::forward(p);
+  const auto g = continuum::reference::backward(p, c.grad_out_ref<mp>());
+  const GradTermScales terms = grad_term_scales(p, f, g, max_abs_of(c.dout));
+  const double u = std::ldexp(1.0, -8), eps_stencil = kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
+  const double btol = backward_tolerance<float>(max_abs(f.scores), c.D);
+  for (const auto unit : units.list) {
+    units.select(unit);
+    INFO("bfloat16" << unit_label() << " input " << which << " kernel " << kernel);
+    Bf16Call x(c);
+    std::vector<float> lse, dtau;
+    forward16(c, x, lse);
+    backward16(c, x, dtau);
+    const Error dq = compare(x.dq.contiguous(), g.grad_query), dk = compare(x.dk.contiguous(), g.grad_key),
+                dv = compare(x.dv.contiguous(), g.grad_value);
+    INFO("dQ " << dq.max_abs << "/" << dq.ref_scale << " dK " << dk.max_abs << "/" << dk.ref_scale << " dV "
+               << dv.max_abs << "/" << dv.ref_scale);
+    // (+ float's smallest denormal: input (b)'s dK is ~4e-54, which no float
+    // holds; the float call gives 0 too.)
+    const double floor = std::numeric_limits<float>::denorm_min();
+    CHECK(dq.max_abs <= (btol + u + 12 * eps_stencil) * dq.ref_scale + u * terms.dq + floor);
+    CHECK(dk.max_abs <= (btol + u + 12 * eps_stencil) * dk.ref_scale + u * terms.dk + floor);
+    CHECK(dv.max_abs <= (btol + u + 12 * eps_stencil) * dv.ref_scale + u * terms.dv + floor);
+  }
+}
+
 TEST_CASE("bfloat16 units: a decode step over a split KV cache (GQA, chunk halos, a window) within the bound",
           "[operator][bfloat16]") {
   // One query on 8 heads over 2 KV heads and 2·2048 + 37 keys: the forward

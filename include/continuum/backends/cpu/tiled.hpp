@@ -661,8 +661,10 @@ index_t row_eligibility(const TensorView<const T>& query, const TensorView<const
             fine = (q0 || unit_flush_negligible(double(query.dim), Q, K)) && unit_flush_negligible(n, 1, V);
             if (fine && grad_out && !g0) {
               const double ds = 4 * G * V;  // |dS_ij| ≤ 4 ‖dO_i‖ max‖v‖ (two segments' terms, each ≤ P |dP − Dl|)
-              fine = unit_flush_negligible(double(value.dim), G, V) && unit_flush_negligible(n, 1, G) &&
-                     unit_flush_negligible(n, ds, K) && (q0 || unit_flush_negligible(n, double(c) * ds, Q));
+              // (dK's A side is c_i dS_ij, formed and rounded in float: it must stay finite.)
+              fine = double(c) * ds <= double(tmax) / 4 && unit_flush_negligible(double(value.dim), G, V) &&
+                     unit_flush_negligible(n, 1, G) && unit_flush_negligible(n, ds, K) &&
+                     (q0 || unit_flush_negligible(n, double(c) * ds, Q));
             }
           }
           if (!fine) {
@@ -1803,13 +1805,20 @@ void pack_backward_keys_bf16(const BackwardArgs<T>& a, index_t b, index_t hk, in
   }
 }
 
+/// 1 when the bfloat16 bits b are a nonzero denormal (which the units read as
+/// 0), else 0.
+inline std::uint32_t bf16_denormal(std::uint32_t b) {
+  return std::uint32_t((b & 0x7f80u) == 0) & std::uint32_t((b & 0x7fu) != 0);
+}
+
 /// The A side of dV and dK for one query block: at = (keys × kBrBwd rows),
 /// at[c·kBrBwd + r] = bfloat16(scale_r · x[r·ldx + c]) for c in row r's
 /// [ov0, ov1), else 0; keys [nc, ncb) are zero rows. Row pairs are joined
 /// along the keys, then 16 × 16 blocks of pair words are transposed in
 /// registers.
 template <class T>
-void transposed_bits(const T* x, index_t ldx, index_t nr, index_t nc, const T* scale, BackwardWorkspace<T>& ws) {
+bool transposed_bits(const T* x, index_t ldx, index_t nr, index_t nc, const T* scale, BackwardWorkspace<T>& ws) {
+  std::uint32_t tiny = 0;  // some element is a nonzero bfloat16 denormal (bf16_denormal)
   if constexpr (kBf16<T>) {
     const index_t ncb = round_up(nc, bf16::kCols), P = kBrBwd / 2;
     std::uint32_t* w = ws.words.data();  // P × ncb pair words, w[t·ncb + c]
@@ -1822,10 +1831,11 @@ void transposed_bits(const T* x, index_t ldx, index_t nr, index_t nc, const T* s
       const T* x0 = x + r0 * ldx;
       const T* x1 = x + r1 * ldx;
       std::uint32_t* wt = w + t * ncb;
-#pragma omp simd
+#pragma omp simd reduction(| : tiny)
       for (index_t col = 0; col < ncb; ++col) {
         const std::uint32_t lo = col >= a0 && col < b0 ? bf16::bits_rounded(s0 * x0[col]) : 0u;
         const std::uint32_t hi = col >= a1 && col < b1 ? bf16::bits_rounded(s1 * x1[col]) : 0u;
+        tiny |= bf16_denormal(lo) | bf16_denormal(hi);
         wt[col] = lo | hi << 16;
       }
     }
@@ -1844,34 +1854,52 @@ void transposed_bits(const T* x, index_t ldx, index_t nr, index_t nc, const T* s
       for (index_t t = 0; t < P; ++t) out[col * P + t] = w[t * ncb + col];
 #endif
   }
+  return tiny != 0;
 }
 
 /// The three accumulations of query block i0 (nr rows, block blk of head gq)
-/// against key tile [k0, k0 + nc) (see pack_backward_rows_bf16).
+/// against key tile [k0, k0 + nc) (see pack_backward_rows_bf16). An
+/// accumulation whose rounded A side holds a nonzero bfloat16 denormal (which
+/// the unit would read as 0: P or dS below 2^-126, e.g. a far key's weight
+/// times a small dO) runs on the vector path instead, as the float call does
+/// (key_range_gemm, range_gemm; the same sums, nothing flushed).
 template <class T>
-void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, index_t gq, index_t blk, index_t i0,
-                              index_t nr, index_t nc, const T* c, bool want_dk, bool want_dv,
+void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, index_t hk, index_t gq, index_t blk,
+                              index_t i0, index_t nr, index_t k0, index_t nc, const T* c, bool want_dk, bool want_dv,
                               BackwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
-    const index_t D = a.query.dim, ldp = ws.p.cols(), Lq = a.query.seq;
+    const index_t D = a.query.dim, Dv = a.value.dim, ldp = ws.p.cols(), Lq = a.query.seq;
     const index_t nblk = (Lq + kBrBwd - 1) / kBrBwd, steps = kBrBwd / bf16::kStep;
     const std::size_t at = std::size_t(gq * nblk + blk);
     // dV and dK: A = (keys × rows); the AMX tiles take whole 16-key blocks,
     // so keys [nc, ncb) are zero rows (and the accumulators' rows there are
     // zeroed by the caller).
     if (want_dv) {
-      transposed_bits<T>(ws.p.data(), ldp, nr, nc, nullptr, ws);
-      for (index_t g = 0; g < nc; g += bf16::kRows)
-        bf16::accumulate(ws.unit, ws.at.data() + g * kBrBwd, kBrBwd, steps,
-                         ws.bdo.data() + at * std::size_t(ws.Dvc * kBrBwd), ws.Dvc, ws.dv.data() + g * ws.Dvc,
-                         ws.Dvc, block_rows(g, nc));
+      if (!transposed_bits<T>(ws.p.data(), ldp, nr, nc, nullptr, ws)) {
+        for (index_t g = 0; g < nc; g += bf16::kRows)
+          bf16::accumulate(ws.unit, ws.at.data() + g * kBrBwd, kBrBwd, steps,
+                           ws.bdo.data() + at * std::size_t(ws.Dvc * kBrBwd), ws.Dvc, ws.dv.data() + g * ws.Dvc,
+                           ws.Dvc, block_rows(g, nc));
+      } else {
+        key_range_gemm<T>(nc, nr, Dv, ws.p.data(), ldp, ws.dout.data(), Dv, ws.dv.data(), ws.Dvc, ws.ov0.data(),
+                          ws.ov1.data(), ws.rb.data(), ws.re.data());
+      }
     }
     if (want_dk) {
-      transposed_bits<T>(ws.ds.data(), ldp, nr, nc, c + i0, ws);
-      for (index_t g = 0; g < nc; g += bf16::kRows)
-        bf16::accumulate(ws.unit, ws.at.data() + g * kBrBwd, kBrBwd, steps,
-                         ws.bq.data() + at * std::size_t(ws.Dc * kBrBwd), ws.Dc, ws.dk.data() + g * ws.Dc, ws.Dc,
-                         block_rows(g, nc));
+      if (!transposed_bits<T>(ws.ds.data(), ldp, nr, nc, c + i0, ws)) {
+        for (index_t g = 0; g < nc; g += bf16::kRows)
+          bf16::accumulate(ws.unit, ws.at.data() + g * kBrBwd, kBrBwd, steps,
+                           ws.bq.data() + at * std::size_t(ws.Dc * kBrBwd), ws.Dc, ws.dk.data() + g * ws.Dc, ws.Dc,
+                           block_rows(g, nc));
+      } else {
+        for (index_t r = 0; r < nr; ++r) {  // c q, as the vector path takes it
+          const T* qi = a.query.row(b, h, i0 + r);
+          T* qs = ws.q.row(r).data();
+          for (index_t d = 0; d < D; ++d) qs[d] = c[i0 + r] * qi[d];
+        }
+        key_range_gemm<T>(nc, nr, D, ws.ds.data(), ldp, ws.q.data(), D, ws.dk.data(), ws.Dc, ws.ov0.data(),
+                          ws.ov1.data(), ws.rb.data(), ws.re.data());
+      }
     }
     if (a.grad_query.data) {
       // dQ: A = dS̃ (rows × keys), into a scratch copy of the rows' dQ
@@ -1879,12 +1907,22 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
       const index_t ncp = round_up(nc, bf16::kStep), nrb = round_up(nr, bf16::kRows);
       std::uint16_t* ab = ws.at.data();
       std::fill(ab + nr * ncp, ab + nrb * ncp, std::uint16_t(0));
+      std::uint32_t tiny = 0;
       for (index_t r = 0; r < nr; ++r) {
         const T* x = ws.ds.data() + r * ldp;
         std::uint16_t* ar = ab + r * ncp;
         const index_t lo = ws.ov0[r], hi = ws.ov1[r];
-#pragma omp simd
-        for (index_t col = 0; col < ncp; ++col) ar[col] = col >= lo && col < hi ? bf16::bits_rounded(x[col]) : 0;
+#pragma omp simd reduction(| : tiny)
+        for (index_t col = 0; col < ncp; ++col) {
+          const std::uint16_t bits = col >= lo && col < hi ? bf16::bits_rounded(x[col]) : std::uint16_t(0);
+          tiny |= bf16_denormal(bits);
+          ar[col] = bits;
+        }
+      }
+      if (tiny) {
+        range_gemm<T>(nr, D, ws.ds.data(), ldp, 1, k0, a.key.row(b, hk, 0), a.key.stride_seq,
+                      a.grad_query.row(b, h, i0), a.grad_query.stride_seq, ws.kb.data(), ws.ke.data());
+        return;
       }
       T* dq = ws.dqs.data();
       for (index_t r = 0; r < nrb; ++r) {
@@ -2251,7 +2289,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
         // so a key, value, query or dO hidden from an output never enters it.
         const index_t ldp = ws.p.cols();
         if (ws.on_unit()) {
-          accumulate_backward_bf16(a, b, h, gq, i0 / kBrBwd, i0, nr, nc, ri.c.data(), want_dk, want_dv, ws);
+          accumulate_backward_bf16(a, b, h, hk, gq, i0 / kBrBwd, i0, nr, k0, nc, ri.c.data(), want_dk, want_dv, ws);
           continue;
         }
         if (want_dv)
