@@ -1805,10 +1805,17 @@ void pack_backward_keys_bf16(const BackwardArgs<T>& a, index_t b, index_t hk, in
   }
 }
 
-/// 1 when the bfloat16 bits b are a nonzero denormal (which the units read as
-/// 0), else 0.
-inline std::uint32_t bf16_denormal(std::uint32_t b) {
-  return std::uint32_t((b & 0x7f80u) == 0) & std::uint32_t((b & 0x7fu) != 0);
+/// Whether one of the 2n bfloat16 values in the n pair words at w is a
+/// nonzero denormal (which the units read as 0).
+inline bool any_bf16_denormal(const std::uint32_t* w, index_t n) {
+  std::uint32_t any = 0;
+#pragma omp simd reduction(| : any)
+  for (index_t i = 0; i < n; ++i) {
+    const std::uint32_t x = w[i];
+    any |= (std::uint32_t((x & 0x7f80u) == 0) & std::uint32_t((x & 0x7fu) != 0)) |
+           (std::uint32_t((x & 0x7f800000u) == 0) & std::uint32_t((x & 0x7f0000u) != 0));
+  }
+  return any != 0;
 }
 
 /// The A side of dV and dK for one query block: at = (keys × kBrBwd rows),
@@ -1818,7 +1825,7 @@ inline std::uint32_t bf16_denormal(std::uint32_t b) {
 /// registers.
 template <class T>
 bool transposed_bits(const T* x, index_t ldx, index_t nr, index_t nc, const T* scale, BackwardWorkspace<T>& ws) {
-  std::uint32_t tiny = 0;  // some element is a nonzero bfloat16 denormal (bf16_denormal)
+  bool tiny = false;  // some element is a nonzero bfloat16 denormal
   if constexpr (kBf16<T>) {
     const index_t ncb = round_up(nc, bf16::kCols), P = kBrBwd / 2;
     std::uint32_t* w = ws.words.data();  // P × ncb pair words, w[t·ncb + c]
@@ -1831,14 +1838,14 @@ bool transposed_bits(const T* x, index_t ldx, index_t nr, index_t nc, const T* s
       const T* x0 = x + r0 * ldx;
       const T* x1 = x + r1 * ldx;
       std::uint32_t* wt = w + t * ncb;
-#pragma omp simd reduction(| : tiny)
+#pragma omp simd
       for (index_t col = 0; col < ncb; ++col) {
         const std::uint32_t lo = col >= a0 && col < b0 ? bf16::bits_rounded(s0 * x0[col]) : 0u;
         const std::uint32_t hi = col >= a1 && col < b1 ? bf16::bits_rounded(s1 * x1[col]) : 0u;
-        tiny |= bf16_denormal(lo) | bf16_denormal(hi);
         wt[col] = lo | hi << 16;
       }
     }
+    tiny = any_bf16_denormal(w, P * ncb);
     std::uint32_t* out = reinterpret_cast<std::uint32_t*>(ws.at.data());  // ncb × P pair words
 #if defined(CONTINUUM_CPU_AVX512BF16)  // (where kBf16<T> can hold: AVX-512, 16 floats a vector)
     using F = Simd<float>;
@@ -1854,7 +1861,7 @@ bool transposed_bits(const T* x, index_t ldx, index_t nr, index_t nc, const T* s
       for (index_t t = 0; t < P; ++t) out[col * P + t] = w[t * ncb + col];
 #endif
   }
-  return tiny != 0;
+  return tiny;
 }
 
 /// The three accumulations of query block i0 (nr rows, block blk of head gq)
@@ -1907,19 +1914,14 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
       const index_t ncp = round_up(nc, bf16::kStep), nrb = round_up(nr, bf16::kRows);
       std::uint16_t* ab = ws.at.data();
       std::fill(ab + nr * ncp, ab + nrb * ncp, std::uint16_t(0));
-      std::uint32_t tiny = 0;
       for (index_t r = 0; r < nr; ++r) {
         const T* x = ws.ds.data() + r * ldp;
         std::uint16_t* ar = ab + r * ncp;
         const index_t lo = ws.ov0[r], hi = ws.ov1[r];
-#pragma omp simd reduction(| : tiny)
-        for (index_t col = 0; col < ncp; ++col) {
-          const std::uint16_t bits = col >= lo && col < hi ? bf16::bits_rounded(x[col]) : std::uint16_t(0);
-          tiny |= bf16_denormal(bits);
-          ar[col] = bits;
-        }
+#pragma omp simd
+        for (index_t col = 0; col < ncp; ++col) ar[col] = col >= lo && col < hi ? bf16::bits_rounded(x[col]) : 0;
       }
-      if (tiny) {
+      if (any_bf16_denormal(reinterpret_cast<const std::uint32_t*>(ab), nr * ncp / 2)) {
         range_gemm<T>(nr, D, ws.ds.data(), ldp, 1, k0, a.key.row(b, hk, 0), a.key.stride_seq,
                       a.grad_query.row(b, h, i0), a.grad_query.stride_seq, ws.kb.data(), ws.ke.data());
         return;
