@@ -1119,6 +1119,22 @@ template <class T>
 inline constexpr bool kBf16 = false;
 #endif
 
+/// Which keys of the tile [k0, k0 + nc) some row sees, for a unit's packing
+/// (keys no row sees are packed as zeros, never loaded): add_cover marks the
+/// n row ranges in cover (nc + 1 ints, zeroed by the caller: +1 where a range
+/// starts, −1 where it ends), seen_from_cover sets seen[j] = whether key
+/// k0 + j is in one of them.
+inline void add_cover(const RowRange* range, index_t n, index_t k0, index_t nc, int* cover) {
+  for (index_t r = 0; r < n; ++r) {
+    const index_t lo = std::max(range[r].lo, k0) - k0, hi = std::min(range[r].hi, k0 + nc) - k0;
+    if (lo < hi) ++cover[lo], --cover[hi];
+  }
+}
+inline void seen_from_cover(const int* cover, index_t nc, char* seen) {
+  int run = 0;
+  for (index_t j = 0; j < nc; ++j) seen[j] = char((run += cover[j]) > 0);
+}
+
 /// The rows of the 16-row block at g that a unit computes: those below nr
 /// (AMX computes the whole block, whose rows past nr are zeros).
 inline index_t block_rows(index_t g, index_t nr) { return std::min(bf16::kRows, nr - g); }
@@ -1131,12 +1147,8 @@ void pack_tile_bf16(const KeyValue<S>& kv, index_t b, index_t hk, index_t k0, in
                     ForwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
     std::fill(ws.cover.begin(), ws.cover.begin() + nc + 1, 0);
-    for (index_t r = 0; r < nr; ++r) {
-      const index_t lo = std::max(ws.range[r].lo, k0) - k0, hi = std::min(ws.range[r].hi, k0 + nc) - k0;
-      if (lo < hi) ++ws.cover[std::size_t(lo)], --ws.cover[std::size_t(hi)];
-    }
-    int run = 0;
-    for (index_t j = 0; j < nc; ++j) ws.seen[std::size_t(j)] = char((run += ws.cover[std::size_t(j)]) > 0);
+    add_cover(ws.range.data(), nr, k0, nc, ws.cover.data());
+    seen_from_cover(ws.cover.data(), nc, ws.seen.data());
     bf16::pack_keys(kv.key.row(b, hk, k0), kv.key.stride_seq, nc, kv.key.dim, ws.Dp, ws.seen.data(),
                     ncp / bf16::kCols, ws.kp.data());
     bf16::pack_values(kv.value.row(b, hk, k0), kv.value.stride_seq, nc, kv.value.dim, ws.Dvp, ws.seen.data(),
@@ -1791,15 +1803,8 @@ void pack_backward_keys_bf16(const BackwardArgs<T>& a, index_t b, index_t hk, in
                              const std::vector<RowInfo<T>>& rows, BackwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
     std::fill(ws.cover.begin(), ws.cover.begin() + nc + 1, 0);
-    for (const RowInfo<T>& ri : rows)
-      for (const RowRange& rg : ri.range) {
-        const index_t lo = std::max(rg.lo, k0), hi = std::min(rg.hi, k0 + nc);
-        if (lo >= hi) continue;
-        ++ws.cover[std::size_t(lo - k0)];
-        --ws.cover[std::size_t(hi - k0)];
-      }
-    int run = 0;
-    for (index_t j = 0; j < nc; ++j) ws.kseen[std::size_t(j)] = char((run += ws.cover[std::size_t(j)]) > 0);
+    for (const RowInfo<T>& ri : rows) add_cover(ri.range.data(), index_t(ri.range.size()), k0, nc, ws.cover.data());
+    seen_from_cover(ws.cover.data(), nc, ws.kseen.data());
     bf16::pack_values(a.key.row(b, hk, k0), a.key.stride_seq, nc, a.query.dim, ws.Dc, ws.kseen.data(),
                       round_up(nc, bf16::kStep) / bf16::kStep, ws.bk.data());
   }
