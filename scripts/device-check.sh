@@ -27,7 +27,7 @@ fi
 
 echo "== configure ($build, CUDA architectures: $arch)"
 if ! cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCONTINUUM_ENABLE_CUDA=ON \
-     -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCONTINUUM_BUILD_EXAMPLES=OFF \
+     -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCONTINUUM_BUILD_EXAMPLES=OFF -DCONTINUUM_GPU_TESTS_ONLY=ON \
      "${launcher[@]}" >"$log/configure.txt" 2>&1; then
   tail -30 "$log/configure.txt"; echo "device-check: configure failed"; exit 1
 fi

@@ -429,7 +429,7 @@ CheckOutcome run_with_arrays(const Temperature<float>& t, const index_t* lo, con
 
 TEST_CASE("emulated CUDA: device-resident temperature and ranges are checked on the device",
           "[cuda][emulated][validation]") {
-  using Catch::Matchers::Contains;
+  using Catch::Contains;
   const index_t B = 2, H = 2, L = 7;
   SECTION("valid per-head / per-query temperature and ranges pass") {
     std::vector<float> th = {0.5f, 2.0f}, tq(static_cast<std::size_t>(B * H * L), 1.0f);

@@ -25,7 +25,7 @@
 
 namespace fs = std::filesystem;
 using namespace lm;
-using Catch::Matchers::Contains;
+using Catch::Contains;
 
 namespace {
 
