@@ -145,6 +145,9 @@ struct Outputs {
   std::vector<double> lse;
   std::vector<double> dtau;      // shape of the temperature
   std::vector<double> dtau_abs;  // Σ |row terms| per dτ element (the tolerance scale)
+  // Σ |terms| of each gradient element (the scale of a sum that may cancel):
+  // dQ_id: Σ_j |c dS_ij k_jd|, dK_jd: Σ_i |c dS_ij q_id|, dV_jd: Σ_i |P_ij dO_id|.
+  Tensor dq_abs, dk_abs, dv_abs;
   std::vector<char> empty;       // per (b, h, i)
 };
 
@@ -157,6 +160,10 @@ Outputs reference_with(const Case& c, const Inputs& in, const Tensor* o_for_delt
   Outputs r;
   r.o = Tensor::make(c.B, c.Hq, c.Lq, c.Dv, 0);
   r.dq = Tensor::make(c.B, c.Hq, c.Lq, c.D, 0);
+  r.dq_abs = Tensor::make(c.B, c.Hq, c.Lq, c.D, 0);
+  r.dk_abs = Tensor::make(c.B, c.Hk, c.Lk, c.D, 0);
+  r.dv_abs = Tensor::make(c.B, c.Hk, c.Lk, c.Dv, 0);
+  for (auto* t : {&r.dq_abs, &r.dk_abs, &r.dv_abs}) std::fill(t->data.begin(), t->data.end(), 0.0);
   r.dk = Tensor::make(c.B, c.Hk, c.Lk, c.D, 0);
   r.dv = Tensor::make(c.B, c.Hk, c.Lk, c.Dv, 0);
   for (auto* t : {&r.dq, &r.dk, &r.dv}) std::fill(t->data.begin(), t->data.end(), 0.0);
@@ -168,6 +175,7 @@ Outputs reference_with(const Case& c, const Inputs& in, const Tensor* o_for_delt
   const R scale = R(c.scale.value_or(1.0 / std::sqrt(double(c.D))));
   std::vector<R> s(c.Lk + 2), alpha(c.Lk), dp(c.Lk), dalpha(c.Lk + 2), ds(c.Lk);
   std::vector<R> acc_dq(c.D), acc_o(c.Dv);
+  std::vector<double> abs_dq(c.D);
   Tensor dk_acc = r.dk, dv_acc = r.dv;  // accumulated in R, rounded per add
   for (index_t b = 0; b < c.B; ++b)
     for (index_t h = 0; h < c.Hq; ++h)
@@ -215,6 +223,7 @@ Outputs reference_with(const Case& c, const Inputs& in, const Tensor* o_for_delt
         R dtau_row = 0;
         double dtau_row_abs = 0;
         std::fill(acc_dq.begin(), acc_dq.end(), R(0));
+        std::fill(abs_dq.begin(), abs_dq.end(), 0.0);
         for (index_t j = lo; j < hi; ++j) {
           const R sl = s[j] - m, sc = s[j + 1] - m, sr = s[j + 2] - m;
           const bool hl = j - 1 >= lo, hr = j + 1 < hi;
@@ -227,12 +236,19 @@ Outputs reference_with(const Case& c, const Inputs& in, const Tensor* o_for_delt
           const R p = alpha[j] / z;
           for (index_t d = 0; d < c.D; ++d) {
             acc_dq[d] += g * R(in.k.at(b, hk, j, d));
+            abs_dq[d] += std::abs(double(g) * in.k.at(b, hk, j, d));
+            r.dk_abs.at(b, hk, j, d) += std::abs(double(g) * double(cs) * in.q.at(b, h, i, d));
             dk_acc.at(b, hk, j, d) = double(R(dk_acc.at(b, hk, j, d)) + g * (cs * R(in.q.at(b, h, i, d))));
           }
-          for (index_t d = 0; d < c.Dv; ++d)
+          for (index_t d = 0; d < c.Dv; ++d) {
             dv_acc.at(b, hk, j, d) = double(R(dv_acc.at(b, hk, j, d)) + p * R(in.dout.at(b, h, i, d)));
+            r.dv_abs.at(b, hk, j, d) += std::abs(double(p) * in.dout.at(b, h, i, d));
+          }
         }
-        for (index_t d = 0; d < c.D; ++d) r.dq.at(b, h, i, d) = double(cs * acc_dq[d]);
+        for (index_t d = 0; d < c.D; ++d) {
+          r.dq.at(b, h, i, d) = double(cs * acc_dq[d]);
+          r.dq_abs.at(b, h, i, d) = std::abs(double(cs)) * abs_dq[d];
+        }
         const R term = -dtau_row / tau;
         const std::size_t t = c.tshape == TemperatureShape::scalar     ? 0
                               : c.tshape == TemperatureShape::per_head ? std::size_t(h)

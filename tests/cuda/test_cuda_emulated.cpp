@@ -480,3 +480,89 @@ TEST_CASE("emulated CUDA: device-resident temperature and ranges are checked on 
     }
   }
 }
+
+TEST_CASE("emulated CUDA kernels, fp32, long rows and columns: every sum over keys or queries is blocked",
+          "[cuda][emulated][long]") {
+  // W09's fault kind: the GPU test's row 46340 (46341 keys, D = 1) had dQ off
+  // by 1.5e-5 of Σ_j |c dS_ij k_j|, because the backward's row statistics
+  // (Z̃, Dl) were summed one key at a time into one fp32 running sum, whose
+  // rounding grows like √n·u (u = 2^-24). A blocked sum (each tile of bn terms
+  // summed on its own, then added once) grows like √(bn + n/bn)·u ≈ 1.7e-6 for
+  // n = 46341, bn = 64. Each result is held to 1e-5 of its conditioning scale
+  // Σ|terms| (cases.hpp's dq_abs, dk_abs, dv_abs, dtau_abs; Σ_j P_j |v_j| for
+  // o; 1 + |lse| for lse): 6× the blocked sum's size, below the serial one's.
+  // Part 1: one query over n keys (the sums over keys: o, Z̃, Dl, dQ, dτ);
+  // part 2: n queries over two keys (the sums over queries: dK, dV).
+  const index_t n = 46341;
+  for (int part = 1; part <= 2; ++part) {
+    Case c;
+    c.Lq = part == 1 ? 1 : n;
+    c.Lk = part == 1 ? n : 2;
+    c.D = c.Dv = 1;
+    c.seed = 9;
+    cuda_test::Inputs in = cuda_test::make_inputs(c);
+    for (cuda_test::Tensor* t : {&in.q, &in.k, &in.v, &in.dout})
+      t->round_with([](double x) { return double(float(x)); });
+    auto store = [](const cuda_test::Tensor& t) { return cuda_test::to_storage<float, ConvFloat>(t); };
+    std::vector<float> q = store(in.q), k = store(in.k), v = store(in.v), go = store(in.dout);
+    std::vector<float> o(std::size_t(c.Lq)), lse(std::size_t(c.Lq)), dq(std::size_t(c.Lq));
+    std::vector<float> dk(std::size_t(c.Lk)), dv(std::size_t(c.Lk)), dtau(1);
+    auto cv = [](const std::vector<float>& x, index_t S) { return TensorView<const float>::bhsd(x.data(), 1, 1, S, 1); };
+    auto mv = [](std::vector<float>& x, index_t S) { return TensorView<float>::bhsd(x.data(), 1, 1, S, 1); };
+    Emulator<float> ex;  // the GPU's tiles for D = 1 (launch.cuh's first candidate)
+    ex.bm = 64;
+    ex.bn = 64;
+    ex.threads = 4;
+    ex.grid_cap = 1 << 20;
+    ForwardArgs<float> fa;
+    fa.query = cv(q, c.Lq);
+    fa.key = cv(k, c.Lk);
+    fa.value = cv(v, c.Lk);
+    fa.out = mv(o, c.Lq);
+    fa.lse = lse.data();
+    ex.forward(fa);
+    BackwardArgs<float> ba;
+    ba.query = fa.query;
+    ba.key = fa.key;
+    ba.value = fa.value;
+    ba.out = cv(o, c.Lq);
+    ba.grad_out = cv(go, c.Lq);
+    ba.lse = lse.data();
+    ba.grad_query = mv(dq, c.Lq);
+    ba.grad_key = mv(dk, c.Lk);
+    ba.grad_value = mv(dv, c.Lk);
+    ba.grad_temperature = dtau.data();
+    ex.backward(ba);
+
+    const cuda_test::Outputs ref = cuda_test::reference<double>(c, in);
+    const double tol = 1e-5;
+    INFO("part " << part << " (Lq " << c.Lq << ", Lk " << c.Lk << ")");
+    if (part == 1) {
+      double o_abs = 0, z = 0;
+      const double lse0 = ref.lse[0];
+      for (index_t j = 0; j < n; ++j) {  // Σ_j P_j |v_j| from P_j = α_j / Z: |o| ≤ this
+        const double s0 = j > 0 ? in.q.data[0] * in.k.data[j - 1] : -INFINITY;
+        const double s2 = j + 1 < n ? in.q.data[0] * in.k.data[j + 1] : -INFINITY;
+        const double a = continuum::ContinuumStencil::weight(s0 - lse0, in.q.data[0] * in.k.data[j] - lse0,
+                                                             s2 - lse0, j > 0, j + 1 < n);
+        z += a;
+        o_abs += a * std::abs(in.v.data[j]);
+      }
+      INFO("o " << o[0] << " ref " << ref.o.data[0] << " | lse " << lse[0] << " ref " << lse0 << " | dq "
+                << dq[0] << " ref " << ref.dq.data[0] << " scale " << ref.dq_abs.data[0] << " | dtau " << dtau[0]
+                << " ref " << ref.dtau[0] << " scale " << ref.dtau_abs[0]);
+      CHECK(std::abs(z - 1) < 1e-9);  // the weights above are P_j
+      CHECK(std::abs(o[0] - ref.o.data[0]) <= tol * o_abs);
+      CHECK(std::abs(lse[0] - lse0) <= tol * (1 + std::abs(lse0)));
+      CHECK(std::abs(dq[0] - ref.dq.data[0]) <= tol * ref.dq_abs.data[0]);
+      CHECK(std::abs(dtau[0] - ref.dtau[0]) <= tol * ref.dtau_abs[0]);
+    } else {
+      for (index_t j = 0; j < c.Lk; ++j) {
+        INFO("key " << j << ": dk " << dk[j] << " ref " << ref.dk.data[j] << " scale " << ref.dk_abs.data[j]
+                    << " | dv " << dv[j] << " ref " << ref.dv.data[j] << " scale " << ref.dv_abs.data[j]);
+        CHECK(std::abs(dk[j] - ref.dk.data[j]) <= tol * ref.dk_abs.data[j]);
+        CHECK(std::abs(dv[j] - ref.dv.data[j]) <= tol * ref.dv_abs.data[j]);
+      }
+    }
+  }
+}

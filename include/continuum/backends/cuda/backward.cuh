@@ -258,22 +258,30 @@ CONTINUUM_DEVICE void row_stats_body(const KernelParams<E, A>& p) {
       block_sync();
       for (int r = tid; r < bm; r += nt) {
         const index_t ref = sh.ref[r];
+        // The tile's sums, each added once to the row's running sums (blocked
+        // summation: a row of n keys rounds O(bn + n/bn) times, not O(n)).
+        A sum = A(0), a_ref = A(0), a_other = A(0), e_near = A(0), e_far = A(0);
         for (int jj = 0; jj < bn; ++jj) {
           const index_t j = n0 + jj;
           const A al = sh.pr[r * bn + jj];
           if (al == A(0)) continue;
-          sh.sum[r] += al;
+          sum += al;
           if (j == ref) {
-            sh.a_ref[r] += al;
+            a_ref += al;
             continue;
           }
-          sh.a_other[r] += al;
+          a_other += al;
           const A e = sh.h[r * w + jj + 1] * al;
           if (Stencil::has_halo && (j == ref - 1 || j == ref + 1))
-            sh.e_near[r] += e;
+            e_near += e;
           else
-            sh.e_far[r] += e;
+            e_far += e;
         }
+        sh.sum[r] += sum;
+        sh.a_ref[r] += a_ref;
+        sh.a_other[r] += a_other;
+        sh.e_near[r] += e_near;
+        sh.e_far[r] += e_far;
       }
       block_sync();
     }
@@ -353,9 +361,9 @@ CONTINUUM_DEVICE void dq_body(const KernelParams<E, A>& p) {
       for (index_t x = tid; x < bm * D; x += nt) {
         const index_t r = x / D, d = x % D;
         const A* dsr = sh.ds + r * bn;
-        A acc = sh.acc1[x];
+        A acc = A(0);  // the tile's sum, then one add (blocked, as in row_stats_body)
         for (int jj = 0; jj < bn; ++jj) acc += dsr[jj] * sh.k[(jj + 1) * sh.ldk + d];
-        sh.acc1[x] = acc;
+        sh.acc1[x] += acc;
       }
       if (p.row_dtau != nullptr) {
         // Σ_j dS_ij (s_ij − m_i) = Σ_j dS_ij s_ij since Σ_j dS_ij = 0; the
@@ -363,11 +371,11 @@ CONTINUUM_DEVICE void dq_body(const KernelParams<E, A>& p) {
         for (int r = tid; r < bm; r += nt) {
           const A* dsr = sh.ds + r * bn;
           const A* sr = sh.s + r * (bn + 2) + 1;
-          A acc = sh.dtau[r];
+          A acc = A(0);
           for (int jj = 0; jj < bn; ++jj) {
             if (dsr[jj] != A(0)) acc += dsr[jj] * (sr[jj] - sh.shift[r]);  // s = -inf where dS = 0 (invisible)
           }
-          sh.dtau[r] = acc;
+          sh.dtau[r] += acc;
         }
       }
       block_sync();
@@ -430,15 +438,15 @@ CONTINUUM_DEVICE void dkdv_body(const KernelParams<E, A>& p) {
         score_tile<E, A, Stencil>(p, sh, n0, bm, bn);
         for (index_t x = tid; x < bn * Dv; x += nt) {
           const index_t jj = x / Dv, d = x % Dv;
-          A acc = sh.acc2[x];
+          A acc = A(0);  // the query tile's sum, then one add
           for (int r = 0; r < bm; ++r) acc += sh.pr[r * bn + jj] * sh.go[r * sh.ldo + d];
-          sh.acc2[x] = acc;
+          sh.acc2[x] += acc;
         }
         for (index_t x = tid; x < bn * D; x += nt) {
           const index_t jj = x / D, d = x % D;
-          A acc = sh.acc1[x];
+          A acc = A(0);
           for (int r = 0; r < bm; ++r) acc += sh.ds[r * bn + jj] * sh.q[r * sh.ldq + d];
-          sh.acc1[x] = acc;
+          sh.acc1[x] += acc;
         }
         block_sync();
       }

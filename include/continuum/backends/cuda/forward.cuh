@@ -10,6 +10,9 @@
 // interior scores into α_j e^{-m} with the shared Stencil policy of
 // math/density.hpp, and accumulates l = Σ α e^{-m} and o = Σ α e^{-m} v in
 // fp32 (shared memory), rescaling by e^{m_old - m_new} as the maximum grows.
+// Every sum over keys is blocked: a tile's bn terms are summed on their own and
+// the tile's sum is added to the running total once, so a row of n keys adds
+// rounding of order (bn + n/bn)·u, not n·u (CUDA.md, "Accuracy").
 // At the end o /= l and lse = m + log l; empty rows give o = 0, lse = -inf.
 //
 // Scores are s = (c q)·k with c = scale/τ folded into q first, so a q·k that
@@ -116,9 +119,9 @@ CONTINUUM_DEVICE void forward_body(const KernelParams<E, A>& p) {
       for (index_t x = tid; x < bm * Dv; x += nt) {
         const index_t r = x / Dv, d = x % Dv;
         const A* ar = sh.a + r * bn;
-        A acc = sh.o[x] * sh.f[r];
+        A acc = A(0);  // the tile's sum, then one add to the running total
         for (int jj = 0; jj < bn; ++jj) acc += ar[jj] * sh.v[jj * Dv + d];
-        sh.o[x] = acc;
+        sh.o[x] = sh.o[x] * sh.f[r] + acc;
       }
       block_sync();
     }
