@@ -3,6 +3,7 @@ steps; run by test_ddp.py either in-process (1 process, whole batch) or as
 `python ddp_worker.py RANK WORLD PORT OUT` (torch.distributed, gloo on
 loopback, each rank its contiguous share of the batch)."""
 import datetime
+import importlib
 import os
 import sys
 
@@ -57,6 +58,16 @@ def main():
     rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     torch.set_num_threads(1)
+    # Import torch.distributed.nn before the group exists. Its functions take
+    # `group=group.WORLD` as a default, evaluated at import; DDP's constructor
+    # imports it (through torch._dynamo), and after init_process_group that
+    # pins the default gloo group for the life of the process:
+    # destroy_process_group() then frees nothing, and the group's worker
+    # threads outlive Python's finalization. A worker thread that frees a
+    # tensor then needs the GIL, and CPython ends such a thread with
+    # pthread_exit, which C++ turns into std::terminate: SIGABRT, "terminate
+    # called without an active exception", after the work was done.
+    importlib.import_module("torch.distributed.nn")
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world,
                                          timeout=datetime.timedelta(seconds=60))
     model = torch.nn.parallel.DistributedDataParallel(fresh_model())
@@ -64,13 +75,30 @@ def main():
     if rank == 0:
         torch.save(model.module.state_dict(), out)
     # Shut down in order: no rank leaves while another still talks to it, and
-    # DDP's reducer lets go of the process group before it is destroyed (a
-    # gloo group torn down at interpreter exit, or while its peer is closing
-    # the connection, once aborted a rank with SIGABRT, "terminate called
-    # without an active exception", after its work was done).
+    # DDP's reducer lets go of the process group, so that destroying it joins
+    # its threads now, while the interpreter is fully alive.
     torch.distributed.barrier()
     del model
     torch.distributed.destroy_process_group()
+    left = gloo_threads()
+    if left:  # the group is still referenced somewhere: fail now, not by chance at exit
+        sys.exit(f"rank {rank}: destroy_process_group() left threads running: {left}")
+
+
+def gloo_threads():
+    """Names of this process's c10d/gloo threads (Linux; [] elsewhere)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return []
+    names = []
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return sorted(n for n in names if n.startswith(("pt_gloo", "gloo_tcp", "pt_tcpstore")))
 
 
 if __name__ == "__main__":
