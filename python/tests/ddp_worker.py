@@ -6,6 +6,7 @@ import datetime
 import importlib
 import os
 import sys
+import time
 
 import torch
 
@@ -80,9 +81,14 @@ def main():
     torch.distributed.barrier()
     del model
     torch.distributed.destroy_process_group()
-    left = gloo_threads()
-    if left:  # the group is still referenced somewhere: fail now, not by chance at exit
-        sys.exit(f"rank {rank}: destroy_process_group() left threads running: {left}")
+    # The group's threads are joined by now; their /proc entries may linger a
+    # moment. Still there after seconds, the group is still referenced
+    # somewhere: fail here every time rather than at exit now and then.
+    deadline = time.monotonic() + 10
+    while gloo_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if gloo_threads():
+        sys.exit(f"rank {rank}: destroy_process_group() left threads running: {gloo_threads()}")
 
 
 def gloo_threads():
