@@ -21,6 +21,13 @@ from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+# Imported before any process group exists: its functions' `group=group.WORLD`
+# defaults are evaluated at import, and DDP imports it (through torch._dynamo);
+# imported after init_process_group it pins the default group, so
+# destroy_process_group() frees nothing and the group's threads can abort the
+# process at interpreter exit ("terminate called without an active exception";
+# python/tests/ddp_worker.py).
+import torch.distributed.nn  # noqa: F401
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from safetensors import SafetensorError, safe_open
@@ -191,7 +198,8 @@ def train(cfg: Config, train_data: Slice, select: Slice, tests: List[Slice], out
     cfg.validate()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    if world > 1 and not dist.is_initialized():
+    own_group = world > 1 and not dist.is_initialized()
+    if own_group:
         dist.init_process_group("nccl" if device == "cuda" else "gloo")
     if cfg.batch_size % world:
         raise ValueError(f"batch_size {cfg.batch_size} is not a multiple of the {world} processes")
@@ -285,4 +293,7 @@ def train(cfg: Config, train_data: Slice, select: Slice, tests: List[Slice], out
         write_json(os.path.join(out_dir, "result.json"), result)
     if world > 1:
         dist.barrier()
+    if own_group:  # DDP's reducer lets go of the group first, so that destroying it joins its threads
+        del net
+        dist.destroy_process_group()
     return result
