@@ -262,6 +262,22 @@ double max_abs_of(const Tensor<float>& t) {
   return m;
 }
 
+/// The 640-bit reference of a case: its problem, forward and backward, and
+/// each gradient element's term scales (harness.hpp's grad_term_scales), which
+/// the bfloat16 units' gradient bound is relative to (MATH.md §10).
+struct ReferenceRun {
+  continuum::reference::Problem<mp> p;
+  continuum::reference::ForwardResult<mp> f;
+  continuum::reference::BackwardResult<mp> g;
+  GradTermScales terms;
+  template <class C>
+  explicit ReferenceRun(C& c)
+      : p(c.template problem<mp>()),
+        f(continuum::reference::forward(p)),
+        g(continuum::reference::backward(p, c.template grad_out_ref<mp>())),
+        terms(grad_term_scales(p, f, g, max_abs_of(c.dout))) {}
+};
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("16-bit storage: forward and backward within one rounding of the float bound",
@@ -277,10 +293,10 @@ TEMPLATE_TEST_CASE("16-bit storage: forward and backward within one rounding of 
   const int kernel = GENERATE(0, 1);
   Case<float> c;
   setup<S>(c, shape, vis, kernel, 1000 + 10 * shape + vis);
-  const auto p = c.problem<mp>();
-  const auto f = continuum::reference::forward(p);
-  const auto g = continuum::reference::backward(p, c.grad_out_ref<mp>());
-  const GradTermScales terms = grad_term_scales(p, f, g, max_abs_of(c.dout));
+  const ReferenceRun ref(c);
+  const auto& f = ref.f;
+  const auto& g = ref.g;
+  const GradTermScales& terms = ref.terms;
   const double max_s = max_abs(f.scores);
   const double u = unit_roundoff<S>();
   constexpr bool bf16 = std::is_same<S, bfloat16>::value;
@@ -482,10 +498,10 @@ TEST_CASE("bfloat16 units: concentrated attention, decode rows, a split KV cache
   auto rng = rng_for(4243);
   c.fill_uniform(rng);
   round_inputs(c);
-  const auto p = c.problem<mp>();
-  const auto f = continuum::reference::forward(p);
-  const auto g = continuum::reference::backward(p, c.grad_out_ref<mp>());
-  const GradTermScales terms = grad_term_scales(p, f, g, max_abs_of(c.dout));
+  const ReferenceRun ref(c);
+  const auto& f = ref.f;
+  const auto& g = ref.g;
+  const GradTermScales& terms = ref.terms;
   const double u = std::ldexp(1.0, -8);
   // The bf16-accuracy stencil's terms (continuum only; see the header).
   const double eps_stencil = kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
@@ -602,10 +618,10 @@ TEST_CASE("bfloat16 units: operands small enough for the unit to flush go withou
   if (which == 2) c.tau = 1.2e-38f;
   else c.scale = 2e37;
   round_inputs(c);
-  const auto p = c.problem<mp>();
-  const auto f = continuum::reference::forward(p);
-  const auto g = continuum::reference::backward(p, c.grad_out_ref<mp>());
-  const GradTermScales terms = grad_term_scales(p, f, g, max_abs_of(c.dout));
+  const ReferenceRun ref(c);
+  const auto& f = ref.f;
+  const auto& g = ref.g;
+  const GradTermScales& terms = ref.terms;
   const double u = std::ldexp(1.0, -8), eps_stencil = kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
   const double max_s = max_abs(f.scores);
   for (const auto unit : units.list) {
@@ -676,10 +692,10 @@ TEST_CASE("bfloat16 units: a backward whose P or dS is a bfloat16 denormal, or w
   put(c.v, in.v, in.Lk, in.Dv);
   put(c.dout, in.dout, in.Lq, in.Dv);
   round_inputs(c);
-  const auto p = c.problem<mp>();
-  const auto f = continuum::reference::forward(p);
-  const auto g = continuum::reference::backward(p, c.grad_out_ref<mp>());
-  const GradTermScales terms = grad_term_scales(p, f, g, max_abs_of(c.dout));
+  const ReferenceRun ref(c);
+  const auto& f = ref.f;
+  const auto& g = ref.g;
+  const GradTermScales& terms = ref.terms;
   const double u = std::ldexp(1.0, -8), eps_stencil = kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
   const double btol = backward_tolerance<float>(max_abs(f.scores), c.D);
   for (const auto unit : units.list) {
