@@ -27,7 +27,8 @@ import torch.distributed as dist
 # destroy_process_group() frees nothing and the group's threads can abort the
 # process at interpreter exit ("terminate called without an active exception";
 # python/tests/ddp_worker.py).
-import torch.distributed.nn  # noqa: F401
+if dist.is_available():
+    import torch.distributed.nn  # noqa: F401
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from safetensors import SafetensorError, safe_open
