@@ -139,3 +139,63 @@ TEMPLATE_TEST_CASE("backward: nearly equal adjacent scores", "[operator][tiled][
   s[1] = gap;
   run_case<TestType>(s, tau, fa, "nearly equal");
 }
+
+// The backward's row statistics take the row maximum and its reference key
+// from one sweep over the key tiles and re-base their sums whenever a later
+// tile raises the maximum (MATH.md §6, "one sweep"). Here the maximum moves
+// across tiles of 126 keys (continuum: kBc − 2) or 128 (softmax): to the
+// first key of the next tile, whose left neighbour — the previous tile's last
+// key, held back — becomes a near key; from a reference that is itself that
+// held-back last key; to an equal score later (the reference stays the first
+// key at the maximum); by small gaps (the old keys keep most of the weight,
+// so a wrong re-basing moves δ and dS_ref by O(1)) and large ones. Checked
+// against the 256-bit reference with the backward tolerance of every
+// operator test.
+TEMPLATE_TEST_CASE("backward: the row maximum moves across key tiles", "[operator][tiled][conditioning]", float,
+                   double) {
+  use_mp_precision();
+  const auto kernel = GENERATE(continuum::Kernel::continuum, continuum::Kernel::softmax);
+  const int pattern = GENERATE(0, 1, 2, 3);
+  const double gap = GENERATE(0.25, 3.0, 30.0);
+  const index_t tile = kernel == continuum::Kernel::continuum ? 126 : 128;
+  Case<TestType> c;
+  c.kernel = kernel;
+  c.Lq = 1;
+  c.Lk = 2 * tile + 40;
+  c.D = 2;
+  c.Dv = 3;
+  c.scale = 1.0;
+  c.threads = 1;
+  c.alloc();
+  auto rng = rng_for(std::uint64_t(977 + pattern * 10 + int(gap)));
+  c.fill_uniform(rng);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<double> s(static_cast<std::size_t>(c.Lk));
+  for (auto& x : s) x = u(rng);
+  const auto at = [&](index_t j) -> double& { return s[std::size_t(j)]; };
+  switch (pattern) {
+    case 0:  // the last key of tile 0, then the first of tile 1 (its neighbour), then tile 2
+      at(tile - 1) = 2;
+      at(tile) = 2 + gap;
+      at(2 * tile + 5) = 2 + 2 * gap;
+      break;
+    case 1:  // early in tile 0, then the first key of tile 1
+      at(10) = 2;
+      at(tile) = 2 + gap;
+      break;
+    case 2:  // an equal score in a later tile: the reference stays the first
+      at(5) = 2 + gap;
+      at(tile + 3) = 2 + gap;
+      break;
+    default:  // rising through every tile, the last rise to the row's last key
+      at(0) = 1;
+      at(tile - 2) = 1 + gap / 4;
+      at(tile + 1) = 1 + gap / 2;
+      at(c.Lk - 1) = 1 + gap;
+      break;
+  }
+  c.q.at(0, 0, 0, 0) = TestType(1);
+  c.q.at(0, 0, 0, 1) = TestType(0);
+  for (index_t j = 0; j < c.Lk; ++j) c.k.at(0, 0, j, 0) = TestType(at(j));
+  check_backward<mp>(c, "moving maximum");
+}

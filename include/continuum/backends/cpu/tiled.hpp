@@ -34,10 +34,10 @@
 //   S, dP = dO · Vᵀ (GEMMs, kBc columns), E = e^{s - m}/Z, g = (dP - dP_ref) - δ,
 //   P (α / Z), dS (tridiagonal stencil), dV += Pᵀ dO, dK += dSᵀ (c q), dQ += dS K.
 // The row statistics (max m = s_ref, reference key ref, Z, δ = Dl - dP_ref, dS_ref)
-// are recomputed first by two sweeps over the same tiles (max and ref; then
-// Z and Σ α (dP - dP_ref)), in the reference-key form (reference_grad_score),
-// which does not cancel when attention is concentrated; the caller's lse and
-// out are not read.
+// are recomputed first by one sweep over the same tiles (S, dP, the running
+// maximum and its key, Z and Σ α (dP - dP_ref), re-based when the maximum
+// moves), in the reference-key form (reference_grad_score), which does not
+// cancel when attention is concentrated; the caller's lse and out are not read.
 // Inspection maps (P, π; small inputs): written per finished row by the
 // forward (write_maps), from the same scores and stencil.
 // Masking is structural: every product that sums over keys or queries
@@ -1605,16 +1605,14 @@ struct BackwardWorkspace {
   // The score-type products S and dP on a bfloat16 unit (bf16_products.hpp;
   // bfloat16 storage computed in float): Q's and dO's bfloat16 bits (unscaled), K and V packed
   // as the B side of a score product (depths padded to Dp, Dvq), every key
-  // packed (S and dP entries of hidden pairs are formed, never read), and a
-  // scratch block for dP at each row's reference key.
+  // packed (S and dP entries of hidden pairs are formed, never read).
   bf16::Unit unit = bf16::Unit::none;
   bool on_unit() const { return unit != bf16::Unit::none; }
   // The stencil's accuracy: bf16 for bfloat16 storage computed in float.
   StencilAccuracy accuracy = StencilAccuracy::full;
   index_t Dp = 0, Dvq = 0;
-  std::vector<std::uint16_t> qb, gb, kp, vkp, refp;
+  std::vector<std::uint16_t> qb, gb, kp, vkp;
   std::vector<char> all_keys;
-  std::vector<T> refv, tile;
   // The accumulation products on the unit (accumulate_backward_bf16): D and
   // Dv padded to whole 16-column blocks (dk, dv then have Dc, Dvc columns),
   // the A side (P̃ᵀ, (c dS)̃ᵀ, dS̃: bfloat16 bits, and the pair words of the
@@ -1639,10 +1637,7 @@ struct BackwardWorkspace {
       gb.assign(std::size_t(kBrBwd * Dvq), 0);
       kp.resize(std::size_t((kBc + 2 * bf16::kCols) * Dp));
       vkp.resize(std::size_t((kBc + 2 * bf16::kCols) * Dvq));
-      refp.resize(std::size_t(bf16::kCols * Dvq));
       all_keys.assign(std::size_t(kBc + 2 * bf16::kCols), 1);
-      refv.assign(std::size_t(bf16::kCols * Dv), T(0));
-      tile.resize(std::size_t(bf16::kRows * bf16::kCols));
       Dc = round_up(D, bf16::kCols);
       Dvc = round_up(Dv, bf16::kCols);
       dk.resize(kBc, Dc);
@@ -1665,9 +1660,14 @@ struct RowInfo {
   std::vector<T> c, tau, m, inv_l;  // P_ij = e^{s_ij - m_i} · inv_l_i, m_i = s_i,ref
   std::vector<index_t> ref;          // the row's reference key: its first visible key at the maximum
   std::vector<T> dpref, delta, dsref;  // dP at ref; δ = Dl − dP_ref; dS at ref
-  // Σ α̃, α̃_ref, Σ_{k≠ref} α̃, Σ α̃ h (far / near ref) and Σ_j dS_ij s_ij (for
-  // dτ), summed in MeasureType<T> (double, or long double for long double).
-  std::vector<MeasureType<T>> z, a_ref, a_other, e_far, e_near, dts;
+  // α̃_ref, Σ_{k≠ref} α̃, Σ α̃ h (far / near ref) and Σ_j dS_ij s_ij (for dτ),
+  // summed in MeasureType<T> (double, or long double for long double).
+  std::vector<MeasureType<T>> a_ref, a_other, e_far, e_near, dts;
+  // The key held back from the statistics' sums (a tile's last visible key,
+  // −1 if none), its α̃ and dP.
+  std::vector<index_t> pend_key;
+  std::vector<MeasureType<T>> pend_alpha;
+  std::vector<T> pend_dp;
 };
 
 /// One raw product q·k in W (double or wider), each term rounded (never
@@ -1725,39 +1725,6 @@ void backward_scores_bf16(const BackwardArgs<T>& a, index_t b, index_t h, index_
       const T cr = c[i0 + r];
 #pragma omp simd
       for (index_t j = 0; j < nkp; ++j) sr[j] *= cr;
-    }
-  }
-}
-
-/// dP at each row's reference key, dpref[i] = dO_i · v_ref(i), for the rows
-/// with a visible range, on the unit as the dP tile computes it (each tile
-/// element depends on its own row and column only): 16 rows at a time
-/// against a block whose column n is the value of row n's reference key; the
-/// diagonal is kept.
-template <class T>
-void reference_dp_bf16(const BackwardArgs<T>& a, index_t b, index_t h, index_t hk, const std::vector<RowRange>& range,
-                      const std::vector<index_t>& ref, T* dpref, BackwardWorkspace<T>& ws) {
-  if constexpr (kBf16<T>) {
-    const index_t Lq = a.query.seq, Dv = a.value.dim;
-    for (index_t i0 = 0; i0 < Lq; i0 += bf16::kRows) {
-      const index_t n = std::min<index_t>(bf16::kRows, Lq - i0);
-      std::fill(ws.gb.begin(), ws.gb.begin() + bf16::kRows * ws.Dvq, std::uint16_t(0));
-      std::fill(ws.refv.begin(), ws.refv.end(), T(0));
-      bool any = false;
-      for (index_t r = 0; r < n; ++r) {
-        const index_t i = i0 + r;
-        if (range[i].hi <= range[i].lo) continue;
-        any = true;
-        const T* go = a.grad_out.row(b, h, i);
-        for (index_t d = 0; d < Dv; ++d) ws.gb[std::size_t(r * ws.Dvq + d)] = bf16::bits_exact(go[d]);
-        const T* vr = a.value.row(b, hk, ref[i]);
-        std::copy(vr, vr + Dv, ws.refv.begin() + r * Dv);
-      }
-      if (!any) continue;
-      bf16::pack_keys(ws.refv.data(), Dv, bf16::kCols, Dv, ws.Dvq, ws.all_keys.data(), 1, ws.refp.data());
-      bf16::scores(ws.unit, ws.gb.data(), ws.Dvq, ws.Dvq, ws.refp.data(), 0, 1, ws.tile.data(), bf16::kCols, n);
-      for (index_t r = 0; r < n; ++r)
-        if (range[i0 + r].hi > range[i0 + r].lo) dpref[i0 + r] = ws.tile[std::size_t(r * bf16::kCols + r)];
     }
   }
 }
@@ -1973,7 +1940,9 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     ri.dpref.assign(Lq, T(0));
     ri.delta.assign(Lq, T(0));
     ri.dsref.assign(Lq, T(0));
-    for (auto* v : {&ri.z, &ri.a_ref, &ri.a_other, &ri.e_far, &ri.e_near, &ri.dts}) v->assign(Lq, W(0));
+    for (auto* v : {&ri.a_ref, &ri.a_other, &ri.e_far, &ri.e_near, &ri.dts, &ri.pend_alpha}) v->assign(Lq, W(0));
+    ri.pend_key.assign(Lq, -1);
+    ri.pend_dp.assign(Lq, T(0));
     for (index_t i = 0; i < Lq; ++i) {
       ri.range[i] = row_range(a.visibility, b, i, Lq, Lk);
       ri.tau[i] = temperature_at(a.temperature, b, h, i, Hq, Lq);
@@ -1994,145 +1963,146 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
 
   // Row statistics, recomputed from Q, K, V, dO (the caller's lse and out are
   // not read), in the reference-key form (MATH.md §6, reference_grad_score):
-  // with ref_i the row's first visible key at the
-  // maximum, m_i = s_i,ref and h_ij = dP_ij − dP_i,ref (h_ref = 0 exactly),
+  // with ref_i the row's first visible key at the maximum, m_i = s_i,ref and
+  // h_ij = dP_ij − dP_i,ref (h_ref = 0 exactly),
   //   δ_i = Dl_i − dP_i,ref = Σ_j α̃_ij h_ij / Z̃_i,   g_ij = dP_ij − Dl_i = h_ij − δ_i,
   // so that nothing cancels when attention is concentrated on ref (FlashAttention-2's
   // Dl = dO·o of the rounded output cancels there), and dS_ref comes from
   // reference_grad_score (a sum of terms without cancellation).
-  // Sweep 0: m_i and ref_i. Sweep 1: Z̃_i, α̃_ref, Σ_{k≠ref} α̃, E_far, E_near.
-  std::fill(ws.g.begin(), ws.g.end(), T(0));  // g ≡ 0 in sweep 1: only the weights are wanted
-  for (int sweep = 0; sweep < 2; ++sweep) {
-    if (sweep == 1)
-      for (index_t gq = 0; gq < group; ++gq) {
-        const index_t h = hk * group + gq;
-        RowInfo<T>& ri = rows[gq];
-        if (ws.on_unit()) {
-          reference_dp_bf16(a, b, h, hk, ri.range, ri.ref, ri.dpref.data(), ws);
-          continue;
-        }
-        for (index_t i = 0; i < Lq; ++i) {
-          if (ri.range[i].hi <= ri.range[i].lo) continue;
-          // dP at ref with the tile product's own operations (a running
-          // multiply-add from 0 in d order): the same bits as its dP column.
-          const T* go = a.grad_out.row(b, h, i);
-          const T* vr = a.value.row(b, hk, ri.ref[i]);
-          T acc = T(0);
-          for (index_t d = 0; d < Dv; ++d) acc = madd(go[d], vr[d], acc);
-          ri.dpref[i] = acc;
-        }
-      }
-    for (index_t k0 = 0; k0 < Lk; k0 += kTile) {
-      const index_t k1 = std::min(k0 + kTile, Lk);
-      const index_t kk0 = Stencil::has_halo ? std::max<index_t>(k0 - 1, 0) : k0;
-      const index_t kk1 = Stencil::has_halo ? std::min(k1 + 1, Lk) : k1;
-      const index_t off = k0 - kk0, nk = kk1 - kk0;
-      const index_t nkp = round_up(nk, kPad<T>);
-      if (ws.on_unit()) {
-        pack_backward_tile_bf16(a, b, hk, kk0, nk, nkp, sweep == 1, ws);
-      } else {
-        pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), nkp);
-        if (sweep == 1) pack_transposed(a.value.row(b, hk, kk0), ldv, nk, Dv, ws.vt.data(), nkp);
-      }
-      for (index_t gq = 0; gq < group; ++gq) {
-        const index_t h = hk * group + gq;
-        RowInfo<T>& ri = rows[gq];
-        for (index_t i0 = 0; i0 < Lq; i0 += kBrBwd) {
-          const index_t i1 = std::min(Lq, i0 + kBrBwd);
-          const index_t nr = i1 - i0;
-          bool any = false;
-          for (index_t i = i0; i < i1 && !any; ++i) any = ri.range[i].lo < k1 && ri.range[i].hi > k0;
-          if (!any) continue;
-          for (index_t r = 0; r < nr; ++r) {
-            const index_t i = i0 + r;
+  // One sweep over the key tiles (S and dP per tile) finds m_i and ref_i on
+  // the way, as the forward finds its running maximum (MATH.md §6, "one
+  // sweep"): when a tile raises the maximum, the sums so far are rescaled by
+  // e^{m_old − m_new} and re-based on the new reference key,
+  //   Σ α̃ (dP − dP_new) = Σ α̃ (dP − dP_old) + (dP_old − dP_new) Σ α̃,
+  // each h formed in W from two T values (exact for float in double), and
+  // every key summed so far becomes a far key of the new ref. The one key of
+  // an earlier tile that a later ref can have as a neighbour is the tile's
+  // last visible key, so each row holds that key back (pend_*) until the next
+  // tile's maximum is known. Sums: Σ_{ref} α̃, Σ_{k≠ref} α̃, E_far, E_near.
+  std::fill(ws.g.begin(), ws.g.end(), T(0));  // g ≡ 0 here: only the weights are wanted
+  const index_t near = Stencil::has_halo ? 1 : 0;  // continuum's near keys: ref ± 1
+  // Adds key j (weight al in units of e^{m_i}, its dP) to row i's sums.
+  const auto add_key = [near](RowInfo<T>& ri, index_t i, index_t j, W al, T dpj) {
+    const index_t ref = ri.ref[i];
+    if (j == ref) {
+      ri.a_ref[i] += al;
+      return;
+    }
+    ri.a_other[i] += al;
+    const W h = W(dpj) - W(ri.dpref[i]);
+    (j - ref <= near && ref - j <= near ? ri.e_near[i] : ri.e_far[i]) += al * h;
+  };
+  for (index_t k0 = 0; k0 < Lk; k0 += kTile) {
+    const index_t k1 = std::min(k0 + kTile, Lk);
+    const index_t kk0 = Stencil::has_halo ? std::max<index_t>(k0 - 1, 0) : k0;
+    const index_t kk1 = Stencil::has_halo ? std::min(k1 + 1, Lk) : k1;
+    const index_t off = k0 - kk0, nk = kk1 - kk0;
+    const index_t nkp = round_up(nk, kPad<T>);
+    if (ws.on_unit()) {
+      pack_backward_tile_bf16(a, b, hk, kk0, nk, nkp, true, ws);
+    } else {
+      pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), nkp);
+      pack_transposed(a.value.row(b, hk, kk0), ldv, nk, Dv, ws.vt.data(), nkp);
+    }
+    for (index_t gq = 0; gq < group; ++gq) {
+      const index_t h = hk * group + gq;
+      RowInfo<T>& ri = rows[gq];
+      for (index_t i0 = 0; i0 < Lq; i0 += kBrBwd) {
+        const index_t i1 = std::min(Lq, i0 + kBrBwd);
+        const index_t nr = i1 - i0;
+        bool any = false;
+        for (index_t i = i0; i < i1 && !any; ++i) any = ri.range[i].lo < k1 && ri.range[i].hi > k0;
+        if (!any) continue;
+        for (index_t r = 0; r < nr; ++r) {
+          const index_t i = i0 + r;
+          if (!ws.on_unit()) {  // (a unit takes q as stored and c_i apart)
             const T* qi = a.query.row(b, h, i);
             const T c = ri.c[i];
             T* qs = ws.q.row(r).data();
             for (index_t d = 0; d < D; ++d) qs[d] = c * qi[d];
-            if (sweep == 1) {
-              const T* go = a.grad_out.row(b, h, i);
-              std::copy(go, go + Dv, ws.dout.row(r).data());
-            }
           }
-          if (ws.on_unit()) {
-            backward_scores_bf16(a, b, h, i0, nr, nkp, ri.c.data(), sweep == 1, ws);
-          } else {
-            gemm<T>(nr, nkp, D, ws.q.data(), D, 1, ws.kt.data(), nkp, ws.s.data(), lds, false);
-            if (sweep == 1)
-              gemm<T>(nr, nkp, Dv, ws.dout.data(), Dv, 1, ws.vt.data(), nkp, ws.dp.data(), lds, false);
+          const T* go = a.grad_out.row(b, h, i);
+          std::copy(go, go + Dv, ws.dout.row(r).data());
+        }
+        if (ws.on_unit()) {
+          backward_scores_bf16(a, b, h, i0, nr, nkp, ri.c.data(), true, ws);
+        } else {
+          gemm<T>(nr, nkp, D, ws.q.data(), D, 1, ws.kt.data(), nkp, ws.s.data(), lds, false);
+          gemm<T>(nr, nkp, Dv, ws.dout.data(), Dv, 1, ws.vt.data(), nkp, ws.dp.data(), lds, false);
+        }
+        for (index_t r = 0; r < nr; ++r) {
+          const index_t i = i0 + r;
+          const index_t lo = ri.range[i].lo, hi = ri.range[i].hi;
+          if (!(lo < k1 && hi > k0)) continue;
+          const T* sr = ws.s.row(r).data();
+          const T* dpr = ws.dp.row(r).data();
+          const index_t ov0 = std::max(lo, k0) - k0, ov1 = std::min(hi, k1) - k0;
+          // The running maximum; a new one re-bases the sums on its key.
+          const T mt = row_max(sr, ov0 + off, ov1 + off);
+          if (mt > ri.m[i]) {
+            index_t c = ov0 + off;
+            while (!(sr[c] == mt)) ++c;
+            const W f = ri.m[i] == kNegInf ? W(0) : std::exp(W(ri.m[i]) - W(mt));
+            const W shift = W(ri.dpref[i]) - W(dpr[c]);  // h of the old ref against the new
+            ri.e_far[i] = (ri.e_far[i] + ri.e_near[i] + shift * (ri.a_ref[i] + ri.a_other[i])) * f;
+            ri.e_near[i] = W(0);
+            ri.a_other[i] = (ri.a_other[i] + ri.a_ref[i]) * f;
+            ri.a_ref[i] = W(0);
+            ri.pend_alpha[i] *= f;
+            ri.m[i] = mt;
+            ri.ref[i] = kk0 + c;
+            ri.dpref[i] = dpr[c];  // the bits the gradient sweep's dP tile has there
           }
-          for (index_t r = 0; r < nr; ++r) {
-            const index_t i = i0 + r;
-            const index_t lo = ri.range[i].lo, hi = ri.range[i].hi;
-            if (!(lo < k1 && hi > k0)) continue;
-            const T* sr = ws.s.row(r).data();
-            const index_t ov0 = std::max(lo, k0) - k0, ov1 = std::min(hi, k1) - k0;
-            if (sweep == 0) {
-              const T mt = row_max(sr, ov0 + off, ov1 + off);
-              if (mt > ri.m[i]) {
-                ri.m[i] = mt;
-                index_t c = ov0 + off;
-                while (!(sr[c] == mt)) ++c;
-                ri.ref[i] = kk0 + c;
-              }
-              continue;
-            }
-            const T* dpr = ws.dp.row(r).data();
-            const index_t kv0 = std::max<index_t>(lo - kk0, 0), kv1 = std::min(hi - kk0, nk);
-            T* e = ws.e.data();
-            row_exp(sr, e, ri.m[i], kv0, kv1);
-            const T* alpha_l = e;  // softmax: α = e
-            const T* alpha_r = nullptr;
-            if constexpr (Stencil::has_halo) {
-              T* ax = ws.ax.data();
-              T* ay = ws.ay.data();
-              with_accuracy<T>(ws.accuracy, [&](auto acc) {
-                row_segments_backward<T, decltype(acc)::value>(sr, e, ws.g.data(), ax, ay, ws.dx.data(),
-                                                               ws.dy.data(), kv0 + 1, kv1);
-              });
-              ay[kv0] = T(0);
-              ax[kv1 - 1] = T(0);
-              if (lo >= kk0) ay[lo - kk0] += T(0.5) * e[lo - kk0];
-              if (hi <= kk1) ax[hi - 1 - kk0] += T(0.5) * e[hi - 1 - kk0];
-              alpha_l = ax;
-              alpha_r = ay;
-            }
-            const index_t ref = ri.ref[i];
-            const T dpref = ri.dpref[i];
-            // Far keys (|j − ref| > 1; every non-ref key for softmax) in one
-            // vector loop on each side of ref, then ref and its neighbours.
-            const index_t near = Stencil::has_halo ? 1 : 0;
-            const index_t rc = ref - k0;  // ref's column (may lie outside the tile)
-            W zf = 0, ef = 0;
-            auto far = [&](index_t c0, index_t c1) {
+          if (ri.pend_key[i] >= 0) {  // the previous tile's last key (k0 − 1)
+            add_key(ri, i, ri.pend_key[i], ri.pend_alpha[i], ri.pend_dp[i]);
+            ri.pend_key[i] = -1;
+          }
+          const index_t kv0 = std::max<index_t>(lo - kk0, 0), kv1 = std::min(hi - kk0, nk);
+          T* e = ws.e.data();
+          row_exp(sr, e, ri.m[i], kv0, kv1);
+          const T* alpha_l = e;  // softmax: α = e
+          const T* alpha_r = nullptr;
+          if constexpr (Stencil::has_halo) {
+            T* ax = ws.ax.data();
+            T* ay = ws.ay.data();
+            with_accuracy<T>(ws.accuracy, [&](auto acc) {
+              row_segments_backward<T, decltype(acc)::value>(sr, e, ws.g.data(), ax, ay, ws.dx.data(),
+                                                             ws.dy.data(), kv0 + 1, kv1);
+            });
+            ay[kv0] = T(0);
+            ax[kv1 - 1] = T(0);
+            if (lo >= kk0) ay[lo - kk0] += T(0.5) * e[lo - kk0];
+            if (hi <= kk1) ax[hi - 1 - kk0] += T(0.5) * e[hi - 1 - kk0];
+            alpha_l = ax;
+            alpha_r = ay;
+          }
+          const auto alpha = [&](index_t cc) { return W(alpha_r ? alpha_l[cc] + alpha_r[cc] : alpha_l[cc]); };
+          // The tile's last visible key is held back; far keys (|j − ref| >
+          // near) in one vector loop on each side of ref, then ref and its
+          // neighbours.
+          const index_t last = ov1 - 1;
+          const index_t ref = ri.ref[i];
+          const W dpref = W(ri.dpref[i]);
+          const index_t rc = ref - k0;  // ref's column (may lie outside the tile)
+          W zf = 0, ef = 0;
+          auto far = [&](index_t c0, index_t c1) {
 #pragma omp simd reduction(+ : zf, ef)
-              for (index_t c = c0; c < c1; ++c) {
-                const index_t cc = c + off;
-                const W al = W(alpha_r ? alpha_l[cc] + alpha_r[cc] : alpha_l[cc]);
-                zf += al;
-                ef += al * W(dpr[cc] - dpref);
-              }
-            };
-            far(ov0, std::min(ov1, std::max(ov0, rc - near)));
-            far(std::max(ov0, std::min(ov1, rc + near + 1)), ov1);
-            W aref = 0, aoth = zf, en = 0;
-            for (index_t c = std::max(ov0, rc - near); c < std::min(ov1, rc + near + 1); ++c) {
+            for (index_t c = c0; c < c1; ++c) {
               const index_t cc = c + off;
-              const W al = W(alpha_r ? alpha_l[cc] + alpha_r[cc] : alpha_l[cc]);
-              if (c == rc) {
-                aref += al;
-              } else {
-                aoth += al;
-                en += al * W(dpr[cc] - dpref);
-              }
+              const W al = alpha(cc);
+              zf += al;
+              ef += al * (W(dpr[cc]) - dpref);
             }
-            const W z = aoth + aref;
-            ri.z[i] += z;
-            ri.a_ref[i] += aref;
-            ri.a_other[i] += aoth;
-            ri.e_far[i] += ef;
-            ri.e_near[i] += en;
-          }
+          };
+          far(ov0, std::min(last, std::max(ov0, rc - near)));
+          far(std::max(ov0, std::min(last, rc + near + 1)), last);
+          ri.a_other[i] += zf;
+          ri.e_far[i] += ef;
+          for (index_t c = std::max(ov0, rc - near); c < std::min(last, rc + near + 1); ++c)
+            add_key(ri, i, k0 + c, alpha(c + off), dpr[c + off]);
+          ri.pend_key[i] = k0 + last;
+          ri.pend_alpha[i] = alpha(last + off);
+          ri.pend_dp[i] = dpr[last + off];
         }
       }
     }
@@ -2144,7 +2114,8 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
       for (index_t i = 0; i < Lq; ++i) {
         const RowRange rg = ri.range[i];
         if (rg.hi <= rg.lo) continue;
-        const W z = ri.z[i];
+        if (ri.pend_key[i] >= 0) add_key(ri, i, ri.pend_key[i], ri.pend_alpha[i], ri.pend_dp[i]);
+        const W z = ri.a_ref[i] + ri.a_other[i];
         if (!(z > 0)) {
           ri.range[i] = {0, 0};
           continue;
