@@ -1603,7 +1603,8 @@ struct BackwardWorkspace {
                        kb = std::vector<index_t>(kBrBwd), ke = std::vector<index_t>(kBrBwd),
                        rb = std::vector<index_t>(kBc), re = std::vector<index_t>(kBc);
   // The score-type products S and dP on a bfloat16 unit (bf16_products.hpp;
-  // bfloat16 storage computed in float): Q's and dO's bfloat16 bits (unscaled), K and V packed
+  // bfloat16 storage computed in float): Q's and dO's bfloat16 bits (unscaled,
+  // every row of the task's query heads), K and V packed
   // as the B side of a score product (depths padded to Dp, Dvq), every key
   // packed (S and dP entries of hidden pairs are formed, never read).
   bf16::Unit unit = bf16::Unit::none;
@@ -1633,8 +1634,6 @@ struct BackwardWorkspace {
     if (on_unit()) {
       Dp = round_up(D, bf16::kStep);
       Dvq = round_up(Dv, bf16::kStep);
-      qb.assign(std::size_t(kBrBwd * Dp), 0);
-      gb.assign(std::size_t(kBrBwd * Dvq), 0);
       kp.resize(std::size_t((kBc + 2 * bf16::kCols) * Dp));
       vkp.resize(std::size_t((kBc + 2 * bf16::kCols) * Dvq));
       all_keys.assign(std::size_t(kBc + 2 * bf16::kCols), 1);
@@ -1696,29 +1695,45 @@ void pack_backward_tile_bf16(const BackwardArgs<T>& a, index_t b, index_t hk, in
   }
 }
 
-/// S = c_i ⊗ (q·k) and, with dp, dP = dO·v for the nr rows of query block i0
-/// of head h against the packed tile (nkp columns), into ws.s and ws.dp.
+/// The A sides of the score products on the unit: the bfloat16 bits
+/// (unscaled) of every query and dO row of the task's query heads (row
+/// gq·Lq + i), depths padded with zeros to Dp, Dvq, and one block of zero rows
+/// past the end (AMX reads whole 16-row blocks); once per task.
 template <class T>
-void backward_scores_bf16(const BackwardArgs<T>& a, index_t b, index_t h, index_t i0, index_t nr, index_t nkp,
-                          const T* c, bool dp, BackwardWorkspace<T>& ws) {
+void pack_backward_score_rows_bf16(const BackwardArgs<T>& a, index_t b, index_t hk, index_t group,
+                                   BackwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
-    const index_t D = a.query.dim, Dv = a.value.dim, lds = ws.s.cols();
-    for (index_t r = 0; r < nr; ++r) {
-      const T* qi = a.query.row(b, h, i0 + r);
-      std::uint16_t* qb = ws.qb.data() + r * ws.Dp;
-      for (index_t d = 0; d < D; ++d) qb[d] = bf16::bits_exact(qi[d]);
-      if (dp) {
-        const T* go = a.grad_out.row(b, h, i0 + r);
-        std::uint16_t* gb = ws.gb.data() + r * ws.Dvq;
+    const index_t Lq = a.query.seq, D = a.query.dim, Dv = a.value.dim;
+    const std::size_t rows = std::size_t(group * Lq + bf16::kRows);
+    ws.qb.assign(rows * std::size_t(ws.Dp), 0);
+    ws.gb.assign(rows * std::size_t(ws.Dvq), 0);
+    for (index_t gq = 0; gq < group; ++gq) {
+      const index_t h = hk * group + gq;
+      for (index_t i = 0; i < Lq; ++i) {
+        const T* qi = a.query.row(b, h, i);
+        const T* go = a.grad_out.row(b, h, i);
+        std::uint16_t* qb = ws.qb.data() + (gq * Lq + i) * ws.Dp;
+        std::uint16_t* gb = ws.gb.data() + (gq * Lq + i) * ws.Dvq;
+        for (index_t d = 0; d < D; ++d) qb[d] = bf16::bits_exact(qi[d]);
         for (index_t d = 0; d < Dv; ++d) gb[d] = bf16::bits_exact(go[d]);
       }
     }
+  }
+}
+
+/// S = c_i ⊗ (q·k) and dP = dO·v for the nr rows of query block i0 of the
+/// task's query head gq against the packed tile (nkp columns), into ws.s and
+/// ws.dp.
+template <class T>
+void backward_scores_bf16(const BackwardArgs<T>& a, index_t gq, index_t i0, index_t nr, index_t nkp, const T* c,
+                          BackwardWorkspace<T>& ws) {
+  if constexpr (kBf16<T>) {
+    const index_t lds = ws.s.cols(), row0 = gq * a.query.seq + i0;
     for (index_t g = 0; g < nr; g += bf16::kRows) {
-      bf16::scores(ws.unit, ws.qb.data() + g * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), 0, nkp / bf16::kCols,
+      bf16::scores(ws.unit, ws.qb.data() + (row0 + g) * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), 0, nkp / bf16::kCols,
                    ws.s.data() + g * lds, lds, block_rows(g, nr));
-      if (dp)
-        bf16::scores(ws.unit, ws.gb.data() + g * ws.Dvq, ws.Dvq, ws.Dvq, ws.vkp.data(), 0, nkp / bf16::kCols,
-                     ws.dp.data() + g * lds, lds, block_rows(g, nr));
+      bf16::scores(ws.unit, ws.gb.data() + (row0 + g) * ws.Dvq, ws.Dvq, ws.Dvq, ws.vkp.data(), 0,
+                   nkp / bf16::kCols, ws.dp.data() + g * lds, lds, block_rows(g, nr));
     }
     for (index_t r = 0; r < nr; ++r) {
       T* sr = ws.s.row(r).data();
@@ -1860,6 +1875,10 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
                            ws.bdo.data() + at * std::size_t(ws.Dvc * kBrBwd), ws.Dvc, ws.dv.data() + g * ws.Dvc,
                            ws.Dvc, block_rows(g, nc));
       } else {
+        for (index_t r = 0; r < nr; ++r) {  // dO, as the vector path takes it
+          const T* go = a.grad_out.row(b, h, i0 + r);
+          std::copy(go, go + Dv, ws.dout.row(r).data());
+        }
         key_range_gemm<T>(nc, nr, Dv, ws.p.data(), ldp, ws.dout.data(), Dv, ws.dv.data(), ws.Dvc, ws.ov0.data(),
                           ws.ov1.data(), ws.rb.data(), ws.re.data());
       }
@@ -1979,6 +1998,24 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
   // an earlier tile that a later ref can have as a neighbour is the tile's
   // last visible key, so each row holds that key back (pend_*) until the next
   // tile's maximum is known. Sums: Σ_{ref} α̃, Σ_{k≠ref} α̃, E_far, E_near.
+  // S = (c_i q_i)·k and dP = dO_i·v of query block [i0, i0 + nr) of query
+  // head gq against the packed key tile (nkp columns), into ws.s and ws.dp;
+  // on the vector path ws.q and ws.dout keep the block's c_i q_i and dO_i.
+  const auto tile_scores = [&](index_t gq, const RowInfo<T>& ri, index_t i0, index_t nr, index_t nkp) {
+    if (ws.on_unit()) return backward_scores_bf16(a, gq, i0, nr, nkp, ri.c.data(), ws);
+    const index_t h = hk * group + gq;
+    for (index_t r = 0; r < nr; ++r) {
+      const T* qi = a.query.row(b, h, i0 + r);
+      const T c = ri.c[i0 + r];
+      T* qs = ws.q.row(r).data();
+      for (index_t d = 0; d < D; ++d) qs[d] = c * qi[d];
+      const T* go = a.grad_out.row(b, h, i0 + r);
+      std::copy(go, go + Dv, ws.dout.row(r).data());
+    }
+    gemm<T>(nr, nkp, D, ws.q.data(), D, 1, ws.kt.data(), nkp, ws.s.data(), lds, false);
+    gemm<T>(nr, nkp, Dv, ws.dout.data(), Dv, 1, ws.vt.data(), nkp, ws.dp.data(), lds, false);
+  };
+  if (ws.on_unit()) pack_backward_score_rows_bf16(a, b, hk, group, ws);
   std::fill(ws.g.begin(), ws.g.end(), T(0));  // g ≡ 0 here: only the weights are wanted
   const index_t near = Stencil::has_halo ? 1 : 0;  // continuum's near keys: ref ± 1
   // Adds key j (weight al in units of e^{m_i}, its dP) to row i's sums.
@@ -2013,23 +2050,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
         bool any = false;
         for (index_t i = i0; i < i1 && !any; ++i) any = ri.range[i].lo < k1 && ri.range[i].hi > k0;
         if (!any) continue;
-        for (index_t r = 0; r < nr; ++r) {
-          const index_t i = i0 + r;
-          if (!ws.on_unit()) {  // (a unit takes q as stored and c_i apart)
-            const T* qi = a.query.row(b, h, i);
-            const T c = ri.c[i];
-            T* qs = ws.q.row(r).data();
-            for (index_t d = 0; d < D; ++d) qs[d] = c * qi[d];
-          }
-          const T* go = a.grad_out.row(b, h, i);
-          std::copy(go, go + Dv, ws.dout.row(r).data());
-        }
-        if (ws.on_unit()) {
-          backward_scores_bf16(a, b, h, i0, nr, nkp, ri.c.data(), true, ws);
-        } else {
-          gemm<T>(nr, nkp, D, ws.q.data(), D, 1, ws.kt.data(), nkp, ws.s.data(), lds, false);
-          gemm<T>(nr, nkp, Dv, ws.dout.data(), Dv, 1, ws.vt.data(), nkp, ws.dp.data(), lds, false);
-        }
+        tile_scores(gq, ri, i0, nr, nkp);
         for (index_t r = 0; r < nr; ++r) {
           const index_t i = i0 + r;
           const index_t lo = ri.range[i].lo, hi = ri.range[i].hi;
@@ -2169,23 +2190,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
         bool any = false;
         for (index_t i = i0; i < i1 && !any; ++i) any = ri.range[i].lo < k1 && ri.range[i].hi > k0;
         if (!any) continue;
-        for (index_t r = 0; r < nr; ++r) {
-          const index_t i = i0 + r;
-          if (!ws.on_unit()) {  // (a unit takes q as stored and c_i apart)
-            const T* qi = a.query.row(b, h, i);
-            const T c = ri.c[i];
-            T* qs = ws.q.row(r).data();
-            for (index_t d = 0; d < D; ++d) qs[d] = c * qi[d];
-          }
-          const T* go = a.grad_out.row(b, h, i);
-          std::copy(go, go + Dv, ws.dout.row(r).data());
-        }
-        if (ws.on_unit()) {
-          backward_scores_bf16(a, b, h, i0, nr, nkp, ri.c.data(), true, ws);
-        } else {
-          gemm<T>(nr, nkp, D, ws.q.data(), D, 1, ws.kt.data(), nkp, ws.s.data(), lds, false);
-          gemm<T>(nr, nkp, Dv, ws.dout.data(), Dv, 1, ws.vt.data(), nkp, ws.dp.data(), lds, false);
-        }
+        tile_scores(gq, ri, i0, nr, nkp);
 
         for (index_t r = 0; r < nr; ++r) {
           const index_t i = i0 + r;
