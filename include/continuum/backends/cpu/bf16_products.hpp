@@ -483,7 +483,8 @@ inline bool avx512bf16_usable() { return false; }
 #endif  // CONTINUUM_CPU_AVX512BF16
 
 /// S_raw for the query rows [0, rows) of a 16-row block (see tile_scores) on
-/// `unit` (AMX computes the whole block: rows past `rows` must be zeros).
+/// `unit` (AMX computes the whole block: q and s must hold 16 rows; the rows
+/// past `rows` are any finite bits, and their results are not to be read).
 inline void scores(Unit unit, const std::uint16_t* q, index_t ldq, index_t Dp, const std::uint16_t* kp, index_t kb0,
                    index_t kb1, float* s, index_t lds, index_t rows) {
 #if defined(CONTINUUM_CPU_AMX)

@@ -1993,11 +1993,14 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
   // sweep"): when a tile raises the maximum, the sums so far are rescaled by
   // e^{m_old − m_new} and re-based on the new reference key,
   //   Σ α̃ (dP − dP_new) = Σ α̃ (dP − dP_old) + (dP_old − dP_new) Σ α̃,
-  // each h formed in W from two T values (exact for float in double), and
-  // every key summed so far becomes a far key of the new ref. The one key of
-  // an earlier tile that a later ref can have as a neighbour is the tile's
-  // last visible key, so each row holds that key back (pend_*) until the next
-  // tile's maximum is known. Sums: Σ_{ref} α̃, Σ_{k≠ref} α̃, E_far, E_near.
+  // each h formed in W from two T values (for float in double: exact, or
+  // one rounding of 2⁻⁵³), and every key summed so far becomes a far key of
+  // the new ref. A tile's last visible key is held back (pend_*) until the
+  // next tile: its right-hand segment needs the next key's score, which the
+  // running maximum does not include yet (e^{s − m} of a larger score would
+  // exceed 1, and beyond exp's range be wrong), and it is the one key of an
+  // earlier tile that a later ref can have as a neighbour.
+  // Sums: Σ_{ref} α̃, Σ_{k≠ref} α̃, E_far, E_near.
   // S = (c_i q_i)·k and dP = dO_i·v of query block [i0, i0 + nr) of query
   // head gq against the packed key tile (nkp columns), into ws.s and ws.dp;
   // on the vector path ws.q and ws.dout keep the block's c_i q_i and dO_i.
@@ -2074,11 +2077,10 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
             ri.ref[i] = kk0 + c;
             ri.dpref[i] = dpr[c];  // the bits the gradient sweep's dP tile has there
           }
-          if (ri.pend_key[i] >= 0) {  // the previous tile's last key (k0 − 1)
-            add_key(ri, i, ri.pend_key[i], ri.pend_alpha[i], ri.pend_dp[i]);
-            ri.pend_key[i] = -1;
-          }
-          const index_t kv0 = std::max<index_t>(lo - kk0, 0), kv1 = std::min(hi - kk0, nk);
+          // The row's knots here: the left halo (in m already) and the
+          // tile's keys, not the right halo: its score is not in m yet, so
+          // the segment (last key, k1) is taken in the next tile, at its m.
+          const index_t kv0 = std::max<index_t>(lo - kk0, 0), kv1 = std::min(hi, k1) - kk0;
           T* e = ws.e.data();
           row_exp(sr, e, ri.m[i], kv0, kv1);
           const T* alpha_l = e;  // softmax: α = e
@@ -2093,9 +2095,15 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
             ay[kv0] = T(0);
             ax[kv1 - 1] = T(0);
             if (lo >= kk0) ay[lo - kk0] += T(0.5) * e[lo - kk0];
-            if (hi <= kk1) ax[hi - 1 - kk0] += T(0.5) * e[hi - 1 - kk0];
+            if (hi <= k1) ax[hi - 1 - kk0] += T(0.5) * e[hi - 1 - kk0];
             alpha_l = ax;
             alpha_r = ay;
+          }
+          if (ri.pend_key[i] >= 0) {  // the previous tile's last key, k0 − 1 (column 0)
+            W al = ri.pend_alpha[i];
+            if constexpr (Stencil::has_halo) al += W(ws.ax[0]);  // its right-hand segment
+            add_key(ri, i, ri.pend_key[i], al, ri.pend_dp[i]);
+            ri.pend_key[i] = -1;
           }
           const auto alpha = [&](index_t cc) { return W(alpha_r ? alpha_l[cc] + alpha_r[cc] : alpha_l[cc]); };
           // The tile's last visible key is held back; far keys (|j − ref| >
