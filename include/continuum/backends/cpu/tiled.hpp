@@ -1681,17 +1681,16 @@ CONTINUUM_NO_FP_CONTRACT_FN inline W wide_dot(const TQ* q, const TK* k, index_t 
 }
 
 /// The backward's bfloat16-unit steps (no-ops where kBf16<T> is false: ws.unit
-/// is then never set). Packs the key tile [kk0, kk0 + nk) (and its values, for dP) as
-/// the B side of the score products, nkp / 16 blocks.
+/// is then never set). Packs the key tile [kk0, kk0 + nk) and its values as
+/// the B sides of the score products, nkp / 16 blocks.
 template <class T>
 void pack_backward_tile_bf16(const BackwardArgs<T>& a, index_t b, index_t hk, index_t kk0, index_t nk, index_t nkp,
-                            bool values, BackwardWorkspace<T>& ws) {
+                            BackwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
     bf16::pack_keys(a.key.row(b, hk, kk0), a.key.stride_seq, nk, a.key.dim, ws.Dp, ws.all_keys.data(),
                    nkp / bf16::kCols, ws.kp.data());
-    if (values)
-      bf16::pack_keys(a.value.row(b, hk, kk0), a.value.stride_seq, nk, a.value.dim, ws.Dvq, ws.all_keys.data(),
-                     nkp / bf16::kCols, ws.vkp.data());
+    bf16::pack_keys(a.value.row(b, hk, kk0), a.value.stride_seq, nk, a.value.dim, ws.Dvq, ws.all_keys.data(),
+                   nkp / bf16::kCols, ws.vkp.data());
   }
 }
 
@@ -2001,6 +2000,19 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
   // exceed 1, and beyond exp's range be wrong), and it is the one key of an
   // earlier tile that a later ref can have as a neighbour.
   // Sums: Σ_{ref} α̃, Σ_{k≠ref} α̃, E_far, E_near.
+  // The key tile [kk0, kk0 + nk) and its values as the B sides of the score
+  // products (nkp columns).
+  const auto pack_score_tile = [&](index_t kk0, index_t nk, index_t nkp) {
+    if (ws.on_unit()) return pack_backward_tile_bf16(a, b, hk, kk0, nk, nkp, ws);
+    pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), nkp);
+    pack_transposed(a.value.row(b, hk, kk0), ldv, nk, Dv, ws.vt.data(), nkp);
+  };
+  // Whether a row of query block [i0, i1) sees a key of [k0, k1).
+  const auto block_sees = [](const RowInfo<T>& ri, index_t i0, index_t i1, index_t k0, index_t k1) {
+    for (index_t i = i0; i < i1; ++i)
+      if (ri.range[i].lo < k1 && ri.range[i].hi > k0) return true;
+    return false;
+  };
   // S = (c_i q_i)·k and dP = dO_i·v of query block [i0, i0 + nr) of query
   // head gq against the packed key tile (nkp columns), into ws.s and ws.dp;
   // on the vector path ws.q and ws.dout keep the block's c_i q_i and dO_i.
@@ -2038,21 +2050,13 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     const index_t kk1 = Stencil::has_halo ? std::min(k1 + 1, Lk) : k1;
     const index_t off = k0 - kk0, nk = kk1 - kk0;
     const index_t nkp = round_up(nk, kPad<T>);
-    if (ws.on_unit()) {
-      pack_backward_tile_bf16(a, b, hk, kk0, nk, nkp, true, ws);
-    } else {
-      pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), nkp);
-      pack_transposed(a.value.row(b, hk, kk0), ldv, nk, Dv, ws.vt.data(), nkp);
-    }
+    pack_score_tile(kk0, nk, nkp);
     for (index_t gq = 0; gq < group; ++gq) {
-      const index_t h = hk * group + gq;
       RowInfo<T>& ri = rows[gq];
       for (index_t i0 = 0; i0 < Lq; i0 += kBrBwd) {
         const index_t i1 = std::min(Lq, i0 + kBrBwd);
         const index_t nr = i1 - i0;
-        bool any = false;
-        for (index_t i = i0; i < i1 && !any; ++i) any = ri.range[i].lo < k1 && ri.range[i].hi > k0;
-        if (!any) continue;
+        if (!block_sees(ri, i0, i1, k0, k1)) continue;
         tile_scores(gq, ri, i0, nr, nkp);
         for (index_t r = 0; r < nr; ++r) {
           const index_t i = i0 + r;
@@ -2181,13 +2185,8 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     ws.dk.topRows(nz).setZero();
     ws.dv.topRows(nz).setZero();
     const index_t nkp = round_up(nk, kPad<T>);
-    if (ws.on_unit()) {
-      if (a.grad_query.data) pack_backward_keys_bf16(a, b, hk, k0, nc, rows, ws);
-      pack_backward_tile_bf16(a, b, hk, kk0, nk, nkp, true, ws);
-    } else {
-      pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), nkp);
-      pack_transposed(a.value.row(b, hk, kk0), ldv, nk, Dv, ws.vt.data(), nkp);
-    }
+    if (ws.on_unit() && a.grad_query.data) pack_backward_keys_bf16(a, b, hk, k0, nc, rows, ws);
+    pack_score_tile(kk0, nk, nkp);
 
     for (index_t gq = 0; gq < group; ++gq) {
       const index_t h = hk * group + gq;
@@ -2195,9 +2194,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
       for (index_t i0 = 0; i0 < Lq; i0 += kBrBwd) {
         const index_t i1 = std::min(Lq, i0 + kBrBwd);
         const index_t nr = i1 - i0;
-        bool any = false;
-        for (index_t i = i0; i < i1 && !any; ++i) any = ri.range[i].lo < k1 && ri.range[i].hi > k0;
-        if (!any) continue;
+        if (!block_sees(ri, i0, i1, k0, k1)) continue;
         tile_scores(gq, ri, i0, nr, nkp);
 
         for (index_t r = 0; r < nr; ++r) {
