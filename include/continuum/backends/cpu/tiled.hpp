@@ -2070,7 +2070,8 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
           if (mt > ri.m[i]) {
             index_t c = ov0 + off;
             while (!(sr[c] == mt)) ++c;
-            const W f = ri.m[i] == kNegInf ? W(0) : std::exp(W(ri.m[i]) - W(mt));
+            W mw = W(ri.m[i]);
+            const W f = detail::raise_row_max(mw, W(mt));  // 0 while nothing is summed
             const W shift = W(ri.dpref[i]) - W(dpr[c]);  // h of the old ref against the new
             ri.e_far[i] = (ri.e_far[i] + ri.e_near[i] + shift * (ri.a_ref[i] + ri.a_other[i])) * f;
             ri.e_near[i] = W(0);
