@@ -500,8 +500,13 @@ inline A row_norm2(const T* x, index_t n, bool& bad) {
     ss = hsum<float>(s0 + s1);
   }
 #endif
+  // (Only when elements remain: GCC adds the simd reduction's lanes one by one
+  // after the loop even when it runs no iteration, which cost a KV-cache
+  // decode step more than its attention.)
+  if (d < n) {
 #pragma omp simd reduction(+ : ss)
-  for (index_t e = d; e < n; ++e) ss += A(x[e]) * A(x[e]);
+    for (index_t e = d; e < n; ++e) ss += A(x[e]) * A(x[e]);
+  }
   bad = false;
   if (ss <= std::numeric_limits<A>::max()) return ss;
   for (index_t e = 0; e < n; ++e) bad = bad || !std::isfinite(A(x[e]));
