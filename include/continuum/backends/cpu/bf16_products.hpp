@@ -257,6 +257,9 @@ CONTINUUM_AMX_FN void tile_scores(const std::uint16_t* q, index_t ldq, index_t D
                              index_t kb1, float* s, index_t lds) {
   const index_t steps = Dp / kStep, blk = (Dp / 2) * 32;
   const long sq = long(ldq * 2), ss = long(lds * 4);
+  // GCC's _tile_loadd declares no memory read: inlined (a -march with AMX),
+  // its loads could move above the caller's stores to q and kp without this.
+  __asm__ __volatile__("" ::: "memory");
   index_t kb = kb0;
   for (; kb + 4 <= kb1; kb += 4) {
     _tile_zero(0);
@@ -300,6 +303,7 @@ CONTINUUM_AMX_FN void tile_accumulate(const std::uint16_t* w, index_t ldw, index
                                  index_t Dvp, float* o, index_t ldo) {
   const index_t KP = n_steps * kStep / 2, blk = KP * 32;
   const long sw = long(ldw * 2), so = long(ldo * 4);
+  __asm__ __volatile__("" ::: "memory");  // (as in tile_scores)
   index_t nb = 0;
   const index_t nblocks = Dvp / kCols;
   for (; nb + 4 <= nblocks; nb += 4) {
