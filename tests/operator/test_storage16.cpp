@@ -52,6 +52,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <thread>
 #if defined(__x86_64__)
@@ -715,6 +716,99 @@ TEST_CASE("bfloat16 units: a backward whose P or dS is a bfloat16 denormal, or w
     CHECK(dq.max_abs <= (btol + u + 12 * eps_stencil) * dq.ref_scale + u * terms.dq + floor);
     CHECK(dk.max_abs <= (btol + u + 12 * eps_stencil) * dk.ref_scale + u * terms.dk + floor);
     CHECK(dv.max_abs <= (btol + u + 12 * eps_stencil) * dv.ref_scale + u * terms.dv + floor);
+  }
+}
+
+TEST_CASE("bfloat16 units: a gradient the unit flushes to −0 takes no sign from data its element cannot see",
+          "[operator][bfloat16][masking]") {
+  // Softmax, scale 1, τ 1, bfloat16 values. The unit flushes a denormal
+  // partial sum to −0; the 0 · x terms of data the element cannot see (keys
+  // its row does not see, for dQ; rows that do not see its key, for dK and
+  // dV) come after it, and x's sign would decide the zero's sign. Each
+  // section changes only the sign of one such x; the element must keep its
+  // bits (it is +0 either way). Both sums are exact in float, so the float
+  // call gives a denormal of about 2^-130; the unit's 0 is within its bound.
+  const UnitTests units;
+  if (units.list.empty()) return;
+  Case<float> c;
+  c.B = c.Hq = c.Hk = 1;
+  c.D = 2;
+  c.Dv = 1;
+  c.scale = 1;
+  c.tau = 1.0f;
+  c.kernel = continuum::Kernel::softmax;
+  const auto set = [](Tensor<float>& t, index_t i, std::vector<float> x) {
+    for (std::size_t d = 0; d < x.size(); ++d) t.view.row(0, 0, i)[d] = x[d];
+  };
+  // The element that must keep its bits, and the input whose sign changes.
+  std::function<float(const Bf16Call&)> element;
+  std::function<void(float)> flip;
+  SECTION("dQ: keys the row cannot see") {
+    // Row 0 sees keys 0 and 1: q0 = (0, 8), k0 = (1, 10), k1 = (1 + 2^-7, 0),
+    // so P1 ≈ e^-80; v0 = 1, v1 = 1 − 2^-8, dO_0 = 1: dS_00 = −dS_01 ≈ 2^-123,
+    // and dQ_0[0] = dS_01 (1 + 2^-7) + dS_00 = −dS_00·2^-7 is a denormal. Row
+    // 1 sees keys 2…31 (k_j[0] = −1, so 0·k_j[0] = −0), key 31's k[0] is ±1.
+    c.Lq = 2;
+    c.Lk = 32;
+    c.alloc();
+    c.range_lo = {0, 2};
+    c.range_hi = {2, 32};
+    set(c.q, 0, {0, 8});
+    set(c.q, 1, {0.5f, 0.25f});
+    set(c.dout, 0, {1});
+    set(c.dout, 1, {0.5f});
+    set(c.k, 0, {1, 10});
+    set(c.k, 1, {1 + std::ldexp(1.0f, -7), 0});
+    set(c.v, 0, {1});
+    set(c.v, 1, {1 - std::ldexp(1.0f, -8)});
+    for (index_t j = 2; j < c.Lk; ++j) {
+      set(c.k, j, {-1, 0.125f * float(j % 4)});
+      set(c.v, j, {0.25f * float(j % 3)});
+    }
+    element = [](const Bf16Call& x) { return float(x.dq.view.row(0, 0, 0)[0]); };
+    flip = [&](float sign) { c.k.view.row(0, 0, 31)[0] = sign; };
+  }
+  SECTION("dV: rows that cannot see the key") {
+    // Rows 0 and 1 see keys 0 and 1: q = (0, 8.625), k0 = (0, 10), k1 = 0, so
+    // P_i1 ≈ e^-86.25 ≈ 2^-124 in both rows; dO_0 = 1, dO_1 = −(1 + 2^-7):
+    // dV_1 = P·(1 − 1 − 2^-7) is a denormal. Rows 2…63 see keys 2 and 3
+    // (dO[0] = −1, so 0·dO[0] = −0), row 63's dO is ±1: 64 rows, the whole
+    // query block, so no zero padding row comes after it.
+    c.Lq = 64;
+    c.Lk = 4;
+    c.alloc();
+    c.range_lo.assign(64, 2);
+    c.range_hi.assign(64, 4);
+    c.range_lo[0] = c.range_lo[1] = 0;
+    c.range_hi[0] = c.range_hi[1] = 2;
+    set(c.k, 0, {0, 10});
+    set(c.k, 1, {0, 0});
+    set(c.k, 2, {1, 0});
+    set(c.k, 3, {0, 1});
+    for (index_t j = 0; j < c.Lk; ++j) set(c.v, j, {0.5f + 0.25f * float(j)});
+    for (index_t i = 0; i < c.Lq; ++i) {
+      set(c.q, i, i < 2 ? std::vector<float>{0, 8.625f} : std::vector<float>{0.5f, 0.25f});
+      set(c.dout, i, {i == 0 ? 1.0f : i == 1 ? -(1 + std::ldexp(1.0f, -7)) : -1.0f});
+    }
+    element = [](const Bf16Call& x) { return float(x.dv.view.row(0, 0, 1)[0]); };
+    flip = [&](float sign) { c.dout.view.row(0, 0, 63)[0] = sign; };
+  }
+  round_inputs(c);
+  for (const auto unit : units.list) {
+    units.select(unit);
+    std::vector<float> got;
+    for (float sign : {1.0f, -1.0f}) {
+      flip(sign);
+      Bf16Call x(c);
+      std::vector<float> lse, dtau;
+      forward16(c, x, lse);
+      backward16(c, x, dtau);
+      got.push_back(element(x));
+      INFO("bfloat16" << unit_label() << " sign " << sign << ": element " << got.back());
+      CHECK(std::fabs(got.back()) < 1e-37f);  // flushed (the float call gives ~1e-39)
+    }
+    INFO("bfloat16" << unit_label() << ": " << got[0] << " and " << got[1]);
+    CHECK(bitwise_equal(std::vector<float>{got[0]}, std::vector<float>{got[1]}));
   }
 }
 

@@ -2363,25 +2363,37 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
                         a.grad_query.stride_seq, ws.kb.data(), ws.ke.data());
       }
     }
+    // A bfloat16 unit: a sum it flushed to −0 would take its sign from the
+    // 0 · x terms of rows or keys the element cannot see (the forward's
+    // out likewise): + 0 makes every zero +0.
+    const T plus_zero = T(0);
     if (a.grad_key.data) {
       StridedMap<T> dK(a.grad_key.row(b, hk, k0), nc, D, Eigen::OuterStride<>(a.grad_key.stride_seq));
-      dK = ws.dk.topLeftCorner(nc, D);
+      if (ws.on_unit()) dK = (ws.dk.topLeftCorner(nc, D).array() + plus_zero).matrix();
+      else dK = ws.dk.topLeftCorner(nc, D);
     }
     if (a.grad_value.data) {
       StridedMap<T> dV(a.grad_value.row(b, hk, k0), nc, Dv, Eigen::OuterStride<>(a.grad_value.stride_seq));
-      dV = ws.dv.topLeftCorner(nc, Dv);
+      if (ws.on_unit()) dV = (ws.dv.topLeftCorner(nc, Dv).array() + plus_zero).matrix();
+      else dV = ws.dv.topLeftCorner(nc, Dv);
     }
   }
-  // dQ_i = c_i Σ_j dS_ij k_j: the scale was left out of the accumulation.
-  if (a.grad_query.data)
+  // dQ_i = c_i Σ_j dS_ij k_j: the scale was left out of the accumulation
+  // (+ 0 on a bfloat16 unit, as dK and dV above).
+  if (a.grad_query.data) {
+    const T plus_zero = T(0);
     for (index_t gq = 0; gq < group; ++gq) {
       const index_t h = hk * group + gq;
       for (index_t i = 0; i < Lq; ++i) {
         T* dq = a.grad_query.row(b, h, i);
         const T c = rows[gq].c[i];
-        for (index_t d = 0; d < D; ++d) dq[d] *= c;
+        if (ws.on_unit())
+          for (index_t d = 0; d < D; ++d) dq[d] = dq[d] * c + plus_zero;
+        else
+          for (index_t d = 0; d < D; ++d) dq[d] *= c;
       }
     }
+  }
 }
 
 /// dτ in the temperature's shape from per-row values -(1/τ_i) Σ_j dS_ij s_ij,
