@@ -51,6 +51,7 @@
 #include <catch2/catch.hpp>
 
 #include <cfloat>
+#include <cfenv>
 #include <cmath>
 #include <functional>
 #include <cstring>
@@ -653,9 +654,10 @@ TEST_CASE("bfloat16 units: a backward whose P or dS is a bfloat16 denormal, or w
   // as 0 (dK came out 0 against ~1e-19). (b) a far key (score −69) and
   // dO = 5e-9: dS ~ 1e-39 (dQ came out 0). (c) scale 1e19 with |dS| ~ 4e20:
   // c·dS overflows float (dK came out ±inf and NaN). Each must match the
-  // reference within the units' bound (header): (a), (b) by the vector path
-  // for that block (accumulate_backward_bf16), (c) by the row's going to
-  // double (row_eligibility).
+  // reference within the units' bound (header): (a), (b) by the denormal
+  // elements' terms added in float after the unit's sum
+  // (accumulate_backward_bf16), (c) by the row's going to double
+  // (row_eligibility).
   const UnitTests units;
   if (units.list.empty()) return;
   use_mp_precision();
@@ -719,15 +721,15 @@ TEST_CASE("bfloat16 units: a backward whose P or dS is a bfloat16 denormal, or w
   }
 }
 
-TEST_CASE("bfloat16 units: a gradient the unit flushes to −0 takes no sign from data its element cannot see",
+TEST_CASE("bfloat16 units: data a gradient element cannot see changes none of its bits, flushed or denormal",
           "[operator][bfloat16][masking]") {
   // Softmax, scale 1, τ 1, bfloat16 values. The unit flushes a denormal
   // partial sum to −0; the 0 · x terms of data the element cannot see (keys
   // its row does not see, for dQ; rows that do not see its key, for dK and
   // dV) come after it, and x's sign would decide the zero's sign. Each
-  // section changes only the sign of one such x; the element must keep its
-  // bits (it is +0 either way). Both sums are exact in float, so the float
-  // call gives a denormal of about 2^-130; the unit's 0 is within its bound.
+  // section runs variants that change only such data; the element must keep
+  // its bits, rounding to nearest and downward (where −0 + 0 is −0). Both
+  // sums are exact in float: the float call gives a denormal of about 2^-130.
   const UnitTests units;
   if (units.list.empty()) return;
   Case<float> c;
@@ -740,14 +742,13 @@ TEST_CASE("bfloat16 units: a gradient the unit flushes to −0 takes no sign fro
   const auto set = [](Tensor<float>& t, index_t i, std::vector<float> x) {
     for (std::size_t d = 0; d < x.size(); ++d) t.view.row(0, 0, i)[d] = x[d];
   };
-  // The element that must keep its bits, and the input whose sign changes.
-  std::function<float(const Bf16Call&)> element;
-  std::function<void(float)> flip;
+  std::function<float(const Bf16Call&)> element;  // the element that must keep its bits
+  std::vector<std::function<void()>> variants;    // each changes only data it cannot see
   SECTION("dQ: keys the row cannot see") {
     // Row 0 sees keys 0 and 1: q0 = (0, 8), k0 = (1, 10), k1 = (1 + 2^-7, 0),
     // so P1 ≈ e^-80; v0 = 1, v1 = 1 − 2^-8, dO_0 = 1: dS_00 = −dS_01 ≈ 2^-123,
     // and dQ_0[0] = dS_01 (1 + 2^-7) + dS_00 = −dS_00·2^-7 is a denormal. Row
-    // 1 sees keys 2…31 (k_j[0] = −1, so 0·k_j[0] = −0), key 31's k[0] is ±1.
+    // 1 sees keys 2…31 (k_j[0] = −1, so 0·k_j[0] = −0); key 31's k[0] is ±1.
     c.Lq = 2;
     c.Lk = 32;
     c.alloc();
@@ -766,21 +767,26 @@ TEST_CASE("bfloat16 units: a gradient the unit flushes to −0 takes no sign fro
       set(c.v, j, {0.25f * float(j % 3)});
     }
     element = [](const Bf16Call& x) { return float(x.dq.view.row(0, 0, 0)[0]); };
-    flip = [&](float sign) { c.k.view.row(0, 0, 31)[0] = sign; };
+    variants = {[&] { c.k.view.row(0, 0, 31)[0] = 1; }, [&] { c.k.view.row(0, 0, 31)[0] = -1; }};
   }
   SECTION("dV: rows that cannot see the key") {
     // Rows 0 and 1 see keys 0 and 1: q = (0, 8.625), k0 = (0, 10), k1 = 0, so
     // P_i1 ≈ e^-86.25 ≈ 2^-124 in both rows; dO_0 = 1, dO_1 = −(1 + 2^-7):
     // dV_1 = P·(1 − 1 − 2^-7) is a denormal. Rows 2…63 see keys 2 and 3
-    // (dO[0] = −1, so 0·dO[0] = −0), row 63's dO is ±1: 64 rows, the whole
-    // query block, so no zero padding row comes after it.
+    // (dO[0] = −1, so 0·dO[0] = −0); row 63's dO is ±1 (64 rows: the whole
+    // query block, so no zero padding row comes after it), and row 63 also
+    // sees key 4, whose weight there is a bfloat16 denormal (k4 = (−173, 0):
+    // s − m = −87, P ≈ e^-87 / 1.78 ≈ 9e-39) or not (k4 = (−1, 0)): the unit
+    // reads such a weight as 0, and its term must be added without changing
+    // how dV_1 is computed.
     c.Lq = 64;
-    c.Lk = 4;
+    c.Lk = 5;
     c.alloc();
     c.range_lo.assign(64, 2);
     c.range_hi.assign(64, 4);
     c.range_lo[0] = c.range_lo[1] = 0;
     c.range_hi[0] = c.range_hi[1] = 2;
+    c.range_hi[63] = 5;
     set(c.k, 0, {0, 10});
     set(c.k, 1, {0, 0});
     set(c.k, 2, {1, 0});
@@ -791,25 +797,37 @@ TEST_CASE("bfloat16 units: a gradient the unit flushes to −0 takes no sign fro
       set(c.dout, i, {i == 0 ? 1.0f : i == 1 ? -(1 + std::ldexp(1.0f, -7)) : -1.0f});
     }
     element = [](const Bf16Call& x) { return float(x.dv.view.row(0, 0, 1)[0]); };
-    flip = [&](float sign) { c.dout.view.row(0, 0, 63)[0] = sign; };
+    const auto row63 = [&](float dout, float k4) {
+      c.dout.view.row(0, 0, 63)[0] = dout;
+      set(c.k, 4, {k4, 0});
+    };
+    variants = {[=] { row63(1, -1); }, [=] { row63(-1, -1); }, [=] { row63(-1, -173); }, [=] { row63(1, -173); }};
   }
   round_inputs(c);
-  for (const auto unit : units.list) {
-    units.select(unit);
-    std::vector<float> got;
-    for (float sign : {1.0f, -1.0f}) {
-      flip(sign);
-      Bf16Call x(c);
-      std::vector<float> lse, dtau;
-      forward16(c, x, lse);
-      backward16(c, x, dtau);
-      got.push_back(element(x));
-      INFO("bfloat16" << unit_label() << " sign " << sign << ": element " << got.back());
-      CHECK(std::fabs(got.back()) < 1e-37f);  // flushed (the float call gives ~1e-39)
+  struct Mode {
+    const char* name;
+    int round;
+  };
+  for (const Mode mode : {Mode{"to nearest", FE_TONEAREST}, Mode{"downward", FE_DOWNWARD}})
+    for (const auto unit : units.list) {
+      units.select(unit);
+      std::vector<float> got;
+      for (const auto& variant : variants) {
+        variant();
+        Bf16Call x(c);
+        std::vector<float> lse, dtau;
+        const int restore = std::fegetround();
+        REQUIRE(std::fesetround(mode.round) == 0);
+        forward16(c, x, lse);
+        backward16(c, x, dtau);
+        std::fesetround(restore);
+        got.push_back(element(x));
+        INFO("bfloat16" << unit_label() << ", rounding " << mode.name << ", variant " << got.size() - 1
+                        << ": element " << got.back());
+        CHECK(std::fabs(got.back()) < 1e-37f);  // 0, or the float call's denormal
+        CHECK(bitwise_equal(std::vector<float>{got.back()}, std::vector<float>{got.front()}));
+      }
     }
-    INFO("bfloat16" << unit_label() << ": " << got[0] << " and " << got[1]);
-    CHECK(bitwise_equal(std::vector<float>{got[0]}, std::vector<float>{got[1]}));
-  }
 }
 
 TEST_CASE("bfloat16 units: a decode step over a split KV cache (GQA, chunk halos, a window) within the bound",

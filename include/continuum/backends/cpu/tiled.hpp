@@ -118,6 +118,15 @@ inline constexpr index_t kPad = kLanes<T>;
 
 inline index_t round_up(index_t n, index_t m) { return (n + m - 1) / m * m; }
 
+/// +0 for either zero, x otherwise. A bfloat16 unit flushes a denormal sum to
+/// −0, and the 0 · x terms of data the element cannot see would then decide
+/// the zero's sign: its results are written through this. (A compare, not
+/// x + 0, which keeps −0 when the caller rounds downward.)
+template <class T>
+inline T unsigned_zero(T x) {
+  return x == T(0) ? T(0) : x;
+}
+
 #if defined(CONTINUUM_CPU_SIMD)
 /// The W = Simd<float>::W floats at p, or W 16-bit values (bfloat16,
 /// float16) widened to float in registers, exactly: the values convert_n
@@ -1165,13 +1174,11 @@ void write_row(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, index_
   T* out = a.out.row(b, h, i);
   const T inv = empty ? T(0) : T(1) / ws.l[r];
   // A bfloat16 unit: an accumulator can be −0 (a tiny negative sum flushed to
-  // zero by the unit), and the 0 · v of a key that only other rows of the task see
-  // (+0 or −0) would then decide its sign: + 0 makes every zero +0, so that
-  // no bit depends on data the row cannot see.
-  const T plus_zero = T(0);
+  // zero by the unit), and the 0 · v of a key that only other rows of the task
+  // see would then decide its sign (unsigned_zero).
   for (index_t d = 0; d < Dv; ++d) {
     T x = empty ? T(0) : ws.o(r, d) * inv;
-    if (ws.on_unit()) x += plus_zero;
+    if (ws.on_unit()) x = unsigned_zero(x);
     out[d] = x;
   }
   if (a.lse) a.lse[(b * Hq + h) * Lq + i] = empty ? -std::numeric_limits<T>::infinity() : ws.m[r] + std::log(ws.l[r]);
@@ -1927,11 +1934,12 @@ bool transposed_bits(const T* x, index_t ldx, index_t nr, index_t nc, const T* s
 }
 
 /// The three accumulations of query block i0 (nr rows, block blk of head gq)
-/// against key tile [k0, k0 + nc) (see pack_backward_rows_bf16). An
-/// accumulation whose rounded A side holds a nonzero bfloat16 denormal (which
-/// the unit would read as 0: P or dS below 2^-126, e.g. a far key's weight
-/// times a small dO) runs on the vector path instead, as the float call does
-/// (key_range_gemm, range_gemm; the same sums, nothing flushed).
+/// against key tile [k0, k0 + nc) (see pack_backward_rows_bf16), on the unit.
+/// An element of a rounded A side that is a nonzero bfloat16 denormal (P or
+/// dS below 2^-126, e.g. a far key's weight times a small dO) is read as 0 by
+/// the unit; its term is added in float after the unit's sum (denormal_terms),
+/// so the result depends on that element's own row and key only, never on
+/// whether other rows of the block hold such elements.
 template <class T>
 void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, index_t hk, index_t gq, index_t blk,
                               index_t i0, index_t nr, index_t k0, index_t nc, const T* c, bool want_dk, bool want_dv,
@@ -1940,39 +1948,45 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
     const index_t D = a.query.dim, Dv = a.value.dim, ldp = ws.p.cols(), Lq = a.query.seq;
     const index_t nblk = (Lq + kBrBwd - 1) / kBrBwd, steps = kBrBwd / bf16::kStep;
     const std::size_t at = std::size_t(gq * nblk + blk);
+    // term(r, col, x) for every visible element x = round(scale_r · src[r][col])
+    // that is a nonzero bfloat16 denormal.
+    const auto denormal_terms = [&](const T* src, const T* scale, auto&& term) {
+      for (index_t r = 0; r < nr; ++r) {
+        const T sr = scale ? scale[r] : T(1);
+        for (index_t col = ws.ov0[r]; col < ws.ov1[r]; ++col) {
+          const std::uint16_t bits = bf16::bits_rounded(sr * src[r * ldp + col]);
+          if ((bits & 0x7f80u) == 0 && (bits & 0x7fu) != 0) term(r, col, bf16::round_bf16(sr * src[r * ldp + col]));
+        }
+      }
+    };
     // dV and dK: A = (keys × rows); the AMX tiles take whole 16-key blocks,
     // so keys [nc, ncb) are zero rows (and the accumulators' rows there are
     // zeroed by the caller).
     if (want_dv) {
-      if (!transposed_bits<T>(ws.p.data(), ldp, nr, nc, nullptr, ws)) {
-        for (index_t g = 0; g < nc; g += bf16::kRows)
-          bf16::accumulate(ws.unit, ws.at.data() + g * kBrBwd, kBrBwd, steps,
-                           ws.bdo.data() + at * std::size_t(ws.Dvc * kBrBwd), ws.Dvc, ws.dv.data() + g * ws.Dvc,
-                           ws.Dvc, block_rows(g, nc));
-      } else {
-        for (index_t r = 0; r < nr; ++r) {  // dO, as the vector path takes it
+      const bool tiny = transposed_bits<T>(ws.p.data(), ldp, nr, nc, nullptr, ws);
+      for (index_t g = 0; g < nc; g += bf16::kRows)
+        bf16::accumulate(ws.unit, ws.at.data() + g * kBrBwd, kBrBwd, steps,
+                         ws.bdo.data() + at * std::size_t(ws.Dvc * kBrBwd), ws.Dvc, ws.dv.data() + g * ws.Dvc,
+                         ws.Dvc, block_rows(g, nc));
+      if (tiny)
+        denormal_terms(ws.p.data(), nullptr, [&](index_t r, index_t col, T x) {
           const T* go = a.grad_out.row(b, h, i0 + r);
-          std::copy(go, go + Dv, ws.dout.row(r).data());
-        }
-        key_range_gemm<T>(nc, nr, Dv, ws.p.data(), ldp, ws.dout.data(), Dv, ws.dv.data(), ws.Dvc, ws.ov0.data(),
-                          ws.ov1.data(), ws.rb.data(), ws.re.data());
-      }
+          T* acc = ws.dv.data() + col * ws.Dvc;
+          for (index_t d = 0; d < Dv; ++d) acc[d] = madd(x, go[d], acc[d]);
+        });
     }
     if (want_dk) {
-      if (!transposed_bits<T>(ws.ds.data(), ldp, nr, nc, c + i0, ws)) {
-        for (index_t g = 0; g < nc; g += bf16::kRows)
-          bf16::accumulate(ws.unit, ws.at.data() + g * kBrBwd, kBrBwd, steps,
-                           ws.bq.data() + at * std::size_t(ws.Dc * kBrBwd), ws.Dc, ws.dk.data() + g * ws.Dc, ws.Dc,
-                           block_rows(g, nc));
-      } else {
-        for (index_t r = 0; r < nr; ++r) {  // c q, as the vector path takes it
+      const bool tiny = transposed_bits<T>(ws.ds.data(), ldp, nr, nc, c + i0, ws);
+      for (index_t g = 0; g < nc; g += bf16::kRows)
+        bf16::accumulate(ws.unit, ws.at.data() + g * kBrBwd, kBrBwd, steps,
+                         ws.bq.data() + at * std::size_t(ws.Dc * kBrBwd), ws.Dc, ws.dk.data() + g * ws.Dc, ws.Dc,
+                         block_rows(g, nc));
+      if (tiny)
+        denormal_terms(ws.ds.data(), c + i0, [&](index_t r, index_t col, T x) {
           const T* qi = a.query.row(b, h, i0 + r);
-          T* qs = ws.q.row(r).data();
-          for (index_t d = 0; d < D; ++d) qs[d] = c[i0 + r] * qi[d];
-        }
-        key_range_gemm<T>(nc, nr, D, ws.ds.data(), ldp, ws.q.data(), D, ws.dk.data(), ws.Dc, ws.ov0.data(),
-                          ws.ov1.data(), ws.rb.data(), ws.re.data());
-      }
+          T* acc = ws.dk.data() + col * ws.Dc;
+          for (index_t d = 0; d < D; ++d) acc[d] = madd(x, qi[d], acc[d]);
+        });
     }
     if (a.grad_query.data) {
       // dQ: A = dS̃ (rows × keys), into a scratch copy of the rows' dQ
@@ -1987,11 +2001,7 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
 #pragma omp simd
         for (index_t col = 0; col < ncp; ++col) ar[col] = col >= lo && col < hi ? bf16::bits_rounded(x[col]) : 0;
       }
-      if (any_bf16_denormal(reinterpret_cast<const std::uint32_t*>(ab), nr * ncp / 2)) {
-        range_gemm<T>(nr, D, ws.ds.data(), ldp, 1, k0, a.key.row(b, hk, 0), a.key.stride_seq,
-                      a.grad_query.row(b, h, i0), a.grad_query.stride_seq, ws.kb.data(), ws.ke.data());
-        return;
-      }
+      const bool tiny = any_bf16_denormal(reinterpret_cast<const std::uint32_t*>(ab), nr * ncp / 2);
       T* dq = ws.dqs.data();
       for (index_t r = 0; r < nrb; ++r) {
         T* d = dq + r * ws.Dc;
@@ -2002,6 +2012,12 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
       for (index_t g = 0; g < nr; g += bf16::kRows)
         bf16::accumulate(ws.unit, ab + g * ncp, ncp, ncp / bf16::kStep, ws.bk.data(), ws.Dc, dq + g * ws.Dc, ws.Dc,
                          block_rows(g, nr));
+      if (tiny)
+        denormal_terms(ws.ds.data(), nullptr, [&](index_t r, index_t col, T x) {
+          const T* kj = a.key.row(b, hk, k0 + col);
+          T* acc = dq + r * ws.Dc;
+          for (index_t d = 0; d < D; ++d) acc[d] = madd(x, kj[d], acc[d]);
+        });
       for (index_t r = 0; r < nr; ++r)
         if (ws.ov1[r] > ws.ov0[r]) std::copy(dq + r * ws.Dc, dq + r * ws.Dc + D, a.grad_query.row(b, h, i0 + r));
     }
@@ -2364,36 +2380,34 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
       }
     }
     // A bfloat16 unit: a sum it flushed to −0 would take its sign from the
-    // 0 · x terms of rows or keys the element cannot see (the forward's
-    // out likewise): + 0 makes every zero +0.
-    const T plus_zero = T(0);
+    // 0 · x terms of rows that do not see the key (unsigned_zero; dQ below).
+    const auto sign_free = [](T x) { return unsigned_zero(x); };
     if (a.grad_key.data) {
       StridedMap<T> dK(a.grad_key.row(b, hk, k0), nc, D, Eigen::OuterStride<>(a.grad_key.stride_seq));
-      if (ws.on_unit()) dK = (ws.dk.topLeftCorner(nc, D).array() + plus_zero).matrix();
+      if (ws.on_unit()) dK = ws.dk.topLeftCorner(nc, D).unaryExpr(sign_free);
       else dK = ws.dk.topLeftCorner(nc, D);
     }
     if (a.grad_value.data) {
       StridedMap<T> dV(a.grad_value.row(b, hk, k0), nc, Dv, Eigen::OuterStride<>(a.grad_value.stride_seq));
-      if (ws.on_unit()) dV = (ws.dv.topLeftCorner(nc, Dv).array() + plus_zero).matrix();
+      if (ws.on_unit()) dV = ws.dv.topLeftCorner(nc, Dv).unaryExpr(sign_free);
       else dV = ws.dv.topLeftCorner(nc, Dv);
     }
   }
-  // dQ_i = c_i Σ_j dS_ij k_j: the scale was left out of the accumulation
-  // (+ 0 on a bfloat16 unit, as dK and dV above).
-  if (a.grad_query.data) {
-    const T plus_zero = T(0);
+  // dQ_i = c_i Σ_j dS_ij k_j: the scale was left out of the accumulation (on
+  // a bfloat16 unit through unsigned_zero: the 0 · k of keys the row does not
+  // see).
+  if (a.grad_query.data)
     for (index_t gq = 0; gq < group; ++gq) {
       const index_t h = hk * group + gq;
       for (index_t i = 0; i < Lq; ++i) {
         T* dq = a.grad_query.row(b, h, i);
         const T c = rows[gq].c[i];
         if (ws.on_unit())
-          for (index_t d = 0; d < D; ++d) dq[d] = dq[d] * c + plus_zero;
+          for (index_t d = 0; d < D; ++d) dq[d] = unsigned_zero(dq[d] * c);
         else
           for (index_t d = 0; d < D; ++d) dq[d] *= c;
       }
     }
-  }
 }
 
 /// dτ in the temperature's shape from per-row values -(1/τ_i) Σ_j dS_ij s_ij,
