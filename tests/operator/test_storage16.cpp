@@ -718,6 +718,42 @@ TEST_CASE("bfloat16 units: a backward whose P or dS is a bfloat16 denormal, or w
     CHECK(dq.max_abs <= (btol + u + 12 * eps_stencil) * dq.ref_scale + u * terms.dq + floor);
     CHECK(dk.max_abs <= (btol + u + 12 * eps_stencil) * dk.ref_scale + u * terms.dk + floor);
     CHECK(dv.max_abs <= (btol + u + 12 * eps_stencil) * dv.ref_scale + u * terms.dv + floor);
+    // Element by element (MATH.md §10): each moves by at most u times the sum
+    // of the sizes of its own terms beyond the float bound — dK_j[d]:
+    // Σ_i |c dS_ij| |q_i[d]|, dQ_i[d]: c Σ_j |dS_ij| |k_j[d]|, dV_j[d]:
+    // Σ_i P_ij |dO_i[d]|. (A term whose A side the unit reads as 0 is added
+    // in float from its unrounded value; rounding it to a bfloat16 denormal
+    // first moved input (a)'s dK by 0.85 units of 2^-133·max|q|, 6× this.)
+    const auto ld = [](const mp& x) { return static_cast<double>(to_ld(x)); };
+    const double cc = in.scale;  // τ = 1
+    const auto elem = [&](const std::vector<float>& got, const auto& ref, index_t n, index_t w, auto&& term_sum,
+                          const char* name, double scale_tol) {
+      for (index_t r = 0; r < n; ++r)
+        for (index_t d = 0; d < w; ++d) {
+          const double err = std::fabs(double(got[std::size_t(r * w + d)]) - ld(ref[std::size_t(r * w + d)]));
+          const double tol = scale_tol + u * term_sum(r, d) + floor;
+          INFO(name << "[" << r << "][" << d << "] error " << err << " tolerance " << tol);
+          CHECK(err <= tol);
+        }
+    };
+    const auto P = [&](index_t i, index_t j) { return ld(ref.f.probs[std::size_t(i * in.Lk + j)]); };
+    const auto dS = [&](index_t i, index_t j) { return ld(ref.g.grad_scores[std::size_t(i * in.Lk + j)]); };
+    const auto at = [](const Tensor<float>& t, index_t i, index_t d) { return double(t.view.row(0, 0, i)[d]); };
+    elem(x.dk.contiguous(), g.grad_key, in.Lk, in.D, [&](index_t j, index_t d) {
+      double t = 0;
+      for (index_t i = 0; i < in.Lq; ++i) t += std::fabs(cc * dS(i, j)) * std::fabs(at(c.q, i, d));
+      return t;
+    }, "dK", btol * dk.ref_scale);
+    elem(x.dq.contiguous(), g.grad_query, in.Lq, in.D, [&](index_t i, index_t d) {
+      double t = 0;
+      for (index_t j = 0; j < in.Lk; ++j) t += std::fabs(dS(i, j)) * std::fabs(at(c.k, j, d));
+      return std::fabs(cc) * t;
+    }, "dQ", btol * dq.ref_scale);
+    elem(x.dv.contiguous(), g.grad_value, in.Lk, in.Dv, [&](index_t j, index_t d) {
+      double t = 0;
+      for (index_t i = 0; i < in.Lq; ++i) t += P(i, j) * std::fabs(at(c.dout, i, d));
+      return t;
+    }, "dV", btol * dv.ref_scale);
   }
 }
 
@@ -744,6 +780,7 @@ TEST_CASE("bfloat16 units: data a gradient element cannot see changes none of it
   };
   std::function<float(const Bf16Call&)> element;  // the element that must keep its bits
   std::vector<std::function<void()>> variants;    // each changes only data it cannot see
+  bool nonzero = false;                           // the element is P_04·dO_0 ≈ 9e-39, not 0
   SECTION("dQ: keys the row cannot see") {
     // Row 0 sees keys 0 and 1: q0 = (0, 8), k0 = (1, 10), k1 = (1 + 2^-7, 0),
     // so P1 ≈ e^-80; v0 = 1, v1 = 1 − 2^-8, dO_0 = 1: dS_00 = −dS_01 ≈ 2^-123,
@@ -803,6 +840,36 @@ TEST_CASE("bfloat16 units: data a gradient element cannot see changes none of it
     };
     variants = {[=] { row63(1, -1); }, [=] { row63(-1, -1); }, [=] { row63(-1, -173); }, [=] { row63(1, -173); }};
   }
+  SECTION("dV: a weight the unit reads as 0, and a later query block") {
+    // Row 0 sees keys 2…4 (q0 = (0.5, 0.25), k4 = (−173, 0): P_04 ≈ 9e-39,
+    // which the unit reads as 0; dO_0 = 1), so dV_4 = P_04 is a float denormal
+    // added apart from the unit's sums. Row 64 sees only key 3, and whether
+    // the second query block (rows 64…127) makes a pass of the unit over the
+    // key tile depends on it: with q_64 NaN (row 64's own outputs then NaN)
+    // it does not. dV_4 must not depend on it (a later pass flushed the
+    // denormal when the term was added into the unit's accumulator).
+    c.Lq = 128;
+    c.Lk = 5;
+    c.alloc();
+    c.range_lo.assign(128, 0);
+    c.range_hi.assign(128, 0);
+    c.range_lo[0] = 2;
+    c.range_hi[0] = 5;
+    c.range_lo[64] = 3;
+    c.range_hi[64] = 4;
+    set(c.k, 2, {1, 0});
+    set(c.k, 3, {0, 1});
+    set(c.k, 4, {-173, 0});
+    for (index_t j = 0; j < c.Lk; ++j) set(c.v, j, {0.5f + 0.25f * float(j)});
+    for (index_t i = 0; i < c.Lq; ++i) {
+      set(c.q, i, {0.5f, 0.25f});
+      set(c.dout, i, {1});
+    }
+    element = [](const Bf16Call& x) { return float(x.dv.view.row(0, 0, 4)[0]); };
+    nonzero = true;
+    variants = {[&] { set(c.q, 64, {0.5f, 0.25f}); },
+                [&] { set(c.q, 64, {std::numeric_limits<float>::quiet_NaN(), 0.25f}); }};
+  }
   round_inputs(c);
   struct Mode {
     const char* name;
@@ -825,6 +892,7 @@ TEST_CASE("bfloat16 units: data a gradient element cannot see changes none of it
         INFO("bfloat16" << unit_label() << ", rounding " << mode.name << ", variant " << got.size() - 1
                         << ": element " << got.back());
         CHECK(std::fabs(got.back()) < 1e-37f);  // 0, or the float call's denormal
+        if (nonzero) CHECK(got.back() != 0.0f);
         CHECK(bitwise_equal(std::vector<float>{got.back()}, std::vector<float>{got.front()}));
       }
     }

@@ -1709,6 +1709,14 @@ struct BackwardWorkspace {
   std::vector<T> dqs;
   std::vector<char> rseen, kseen;
   std::vector<int> cover;
+  // The terms of A-side elements that round to bfloat16 denormals (the unit
+  // reads them as 0): summed in float apart from the unit's sums and added
+  // when the gradient is written (accumulate_backward_bf16): dK and dV of the
+  // key tile (kBc × D, kBc × Dv), dQ of the task's rows (group·Lq × D,
+  // unscaled, allocated when first needed).
+  RowMatrix<T> dk_small, dv_small;
+  std::vector<T> dq_small;
+  bool any_dk_small = false, any_dv_small = false, any_dq_small = false;
   BackwardWorkspace(index_t D, index_t Dv, bf16::Unit on = bf16::Unit::none)
       : q(kBrBwd, D), dout(kBrBwd, Dv), kt(D, kBc + 2 + kPad<T>), vt(Dv, kBc + 2 + kPad<T>),
         s(kBrBwd, kBc + 2 + kPad<T>), dp(kBrBwd, kBc + 2 + kPad<T>), p(kBrBwd, kBc), ds(kBrBwd, kBc),
@@ -1728,6 +1736,8 @@ struct BackwardWorkspace {
       words.resize(std::size_t(kBrBwd / 2 * kBc));
       bk.resize(std::size_t(Dc * round_up(kBc, bf16::kStep)));
       dqs.resize(std::size_t(round_up(kBrBwd, bf16::kRows) * Dc));
+      dk_small.resize(kBc, D);
+      dv_small.resize(kBc, Dv);
       rseen.resize(std::size_t(kBrBwd));
       kseen.resize(std::size_t(kBc));
       cover.resize(std::size_t(kBc + 1));
@@ -1894,7 +1904,7 @@ inline bool any_bf16_denormal(const std::uint32_t* w, index_t n) {
 /// registers.
 template <class T>
 bool transposed_bits(const T* x, index_t ldx, index_t nr, index_t nc, const T* scale, BackwardWorkspace<T>& ws) {
-  bool tiny = false;  // some element is a nonzero bfloat16 denormal
+  bool small = false;  // some element is a nonzero bfloat16 denormal (the unit reads it as 0)
   if constexpr (kBf16<T>) {
     const index_t ncb = round_up(nc, bf16::kCols), P = kBrBwd / 2;
     std::uint32_t* w = ws.words.data();  // P × ncb pair words, w[t·ncb + c]
@@ -1914,7 +1924,7 @@ bool transposed_bits(const T* x, index_t ldx, index_t nr, index_t nc, const T* s
         wt[col] = lo | hi << 16;
       }
     }
-    tiny = any_bf16_denormal(w, P * ncb);
+    small = any_bf16_denormal(w, P * ncb);
     std::uint32_t* out = reinterpret_cast<std::uint32_t*>(ws.at.data());  // ncb × P pair words
 #if defined(CONTINUUM_CPU_AVX512BF16)  // (where kBf16<T> can hold: AVX-512, 16 floats a vector)
     using F = Simd<float>;
@@ -1930,16 +1940,19 @@ bool transposed_bits(const T* x, index_t ldx, index_t nr, index_t nc, const T* s
       for (index_t t = 0; t < P; ++t) out[col * P + t] = w[t * ncb + col];
 #endif
   }
-  return tiny;
+  return small;
 }
 
 /// The three accumulations of query block i0 (nr rows, block blk of head gq)
 /// against key tile [k0, k0 + nc) (see pack_backward_rows_bf16), on the unit.
-/// An element of a rounded A side that is a nonzero bfloat16 denormal (P or
-/// dS below 2^-126, e.g. a far key's weight times a small dO) is read as 0 by
-/// the unit; its term is added in float after the unit's sum (denormal_terms),
-/// so the result depends on that element's own row and key only, never on
-/// whether other rows of the block hold such elements.
+/// An element x of P, c dS or dS whose bfloat16 rounding is a nonzero denormal
+/// (x below 2^-126: a far key's weight times a small dO, a tiny c), which the
+/// unit reads as 0, has its term x·b summed in float, from the unrounded x,
+/// into a buffer of its own (ws.dk_small, dv_small, dq_small), added when the
+/// gradient is written: so it is neither rounded to a denormal nor flushed by
+/// a later pass of the unit, and depends on its own row and key only. (x below
+/// bfloat16's denormals, |x| ≤ 2^-134, rounds to 0 as any bfloat16 P or dS
+/// would: its term, below 2^-134·|b|, is left out.)
 template <class T>
 void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, index_t hk, index_t gq, index_t blk,
                               index_t i0, index_t nr, index_t k0, index_t nc, const T* c, bool want_dk, bool want_dv,
@@ -1948,14 +1961,16 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
     const index_t D = a.query.dim, Dv = a.value.dim, ldp = ws.p.cols(), Lq = a.query.seq;
     const index_t nblk = (Lq + kBrBwd - 1) / kBrBwd, steps = kBrBwd / bf16::kStep;
     const std::size_t at = std::size_t(gq * nblk + blk);
-    // term(r, col, x) for every visible element x = round(scale_r · src[r][col])
-    // that is a nonzero bfloat16 denormal.
-    const auto denormal_terms = [&](const T* src, const T* scale, auto&& term) {
+    // term(r, col, x) for every visible x = scale_r · src[r][col] whose
+    // bfloat16 rounding is a nonzero denormal (the unit reads it as 0), with
+    // x itself: rounding to a denormal could move the term by half its size.
+    const auto small_terms = [&](const T* src, const T* scale, auto&& term) {
       for (index_t r = 0; r < nr; ++r) {
         const T sr = scale ? scale[r] : T(1);
         for (index_t col = ws.ov0[r]; col < ws.ov1[r]; ++col) {
-          const std::uint16_t bits = bf16::bits_rounded(sr * src[r * ldp + col]);
-          if ((bits & 0x7f80u) == 0 && (bits & 0x7fu) != 0) term(r, col, bf16::round_bf16(sr * src[r * ldp + col]));
+          const T x = sr * src[r * ldp + col];
+          const std::uint16_t bits = bf16::bits_rounded(x);
+          if ((bits & 0x7f80u) == 0 && (bits & 0x7fu) != 0) term(r, col, x);
         }
       }
     };
@@ -1963,30 +1978,36 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
     // so keys [nc, ncb) are zero rows (and the accumulators' rows there are
     // zeroed by the caller).
     if (want_dv) {
-      const bool tiny = transposed_bits<T>(ws.p.data(), ldp, nr, nc, nullptr, ws);
+      const bool small = transposed_bits<T>(ws.p.data(), ldp, nr, nc, nullptr, ws);
       for (index_t g = 0; g < nc; g += bf16::kRows)
         bf16::accumulate(ws.unit, ws.at.data() + g * kBrBwd, kBrBwd, steps,
                          ws.bdo.data() + at * std::size_t(ws.Dvc * kBrBwd), ws.Dvc, ws.dv.data() + g * ws.Dvc,
                          ws.Dvc, block_rows(g, nc));
-      if (tiny)
-        denormal_terms(ws.p.data(), nullptr, [&](index_t r, index_t col, T x) {
+      if (small) {
+        if (!ws.any_dv_small) ws.dv_small.topRows(nc).setZero();
+        ws.any_dv_small = true;
+        small_terms(ws.p.data(), nullptr, [&](index_t r, index_t col, T x) {
           const T* go = a.grad_out.row(b, h, i0 + r);
-          T* acc = ws.dv.data() + col * ws.Dvc;
+          T* acc = ws.dv_small.row(col).data();
           for (index_t d = 0; d < Dv; ++d) acc[d] = madd(x, go[d], acc[d]);
         });
+      }
     }
     if (want_dk) {
-      const bool tiny = transposed_bits<T>(ws.ds.data(), ldp, nr, nc, c + i0, ws);
+      const bool small = transposed_bits<T>(ws.ds.data(), ldp, nr, nc, c + i0, ws);
       for (index_t g = 0; g < nc; g += bf16::kRows)
         bf16::accumulate(ws.unit, ws.at.data() + g * kBrBwd, kBrBwd, steps,
                          ws.bq.data() + at * std::size_t(ws.Dc * kBrBwd), ws.Dc, ws.dk.data() + g * ws.Dc, ws.Dc,
                          block_rows(g, nc));
-      if (tiny)
-        denormal_terms(ws.ds.data(), c + i0, [&](index_t r, index_t col, T x) {
+      if (small) {
+        if (!ws.any_dk_small) ws.dk_small.topRows(nc).setZero();
+        ws.any_dk_small = true;
+        small_terms(ws.ds.data(), c + i0, [&](index_t r, index_t col, T x) {
           const T* qi = a.query.row(b, h, i0 + r);
-          T* acc = ws.dk.data() + col * ws.Dc;
+          T* acc = ws.dk_small.row(col).data();
           for (index_t d = 0; d < D; ++d) acc[d] = madd(x, qi[d], acc[d]);
         });
+      }
     }
     if (a.grad_query.data) {
       // dQ: A = dS̃ (rows × keys), into a scratch copy of the rows' dQ
@@ -2001,7 +2022,7 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
 #pragma omp simd
         for (index_t col = 0; col < ncp; ++col) ar[col] = col >= lo && col < hi ? bf16::bits_rounded(x[col]) : 0;
       }
-      const bool tiny = any_bf16_denormal(reinterpret_cast<const std::uint32_t*>(ab), nr * ncp / 2);
+      const bool small = any_bf16_denormal(reinterpret_cast<const std::uint32_t*>(ab), nr * ncp / 2);
       T* dq = ws.dqs.data();
       for (index_t r = 0; r < nrb; ++r) {
         T* d = dq + r * ws.Dc;
@@ -2012,14 +2033,17 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
       for (index_t g = 0; g < nr; g += bf16::kRows)
         bf16::accumulate(ws.unit, ab + g * ncp, ncp, ncp / bf16::kStep, ws.bk.data(), ws.Dc, dq + g * ws.Dc, ws.Dc,
                          block_rows(g, nr));
-      if (tiny)
-        denormal_terms(ws.ds.data(), nullptr, [&](index_t r, index_t col, T x) {
-          const T* kj = a.key.row(b, hk, k0 + col);
-          T* acc = dq + r * ws.Dc;
-          for (index_t d = 0; d < D; ++d) acc[d] = madd(x, kj[d], acc[d]);
-        });
       for (index_t r = 0; r < nr; ++r)
         if (ws.ov1[r] > ws.ov0[r]) std::copy(dq + r * ws.Dc, dq + r * ws.Dc + D, a.grad_query.row(b, h, i0 + r));
+      if (small) {
+        if (!ws.any_dq_small) ws.dq_small.assign(std::size_t(a.query.heads / a.key.heads * Lq * D), T(0));
+        ws.any_dq_small = true;
+        small_terms(ws.ds.data(), nullptr, [&](index_t r, index_t col, T x) {
+          const T* kj = a.key.row(b, hk, k0 + col);
+          T* acc = ws.dq_small.data() + (gq * Lq + i0 + r) * D;
+          for (index_t d = 0; d < D; ++d) acc[d] = madd(x, kj[d], acc[d]);
+        });
+      }
     }
   }
 }
@@ -2261,6 +2285,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
   }
 
   if (ws.on_unit()) pack_backward_rows_bf16(a, b, hk, rows, ws);
+  ws.any_dq_small = false;
   for (index_t k0 = 0; k0 < Lk; k0 += kTile) {
     const index_t k1 = std::min(k0 + kTile, Lk);
     const index_t nc = k1 - k0;
@@ -2272,6 +2297,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     const index_t nz = ws.on_unit() ? std::min(round_up(nc, bf16::kRows), kBc) : nc;
     ws.dk.topRows(nz).setZero();
     ws.dv.topRows(nz).setZero();
+    ws.any_dk_small = ws.any_dv_small = false;
     const index_t nkp = round_up(nk, kPad<T>);
     if (ws.on_unit() && a.grad_query.data) pack_backward_keys_bf16(a, b, hk, k0, nc, rows, ws);
     pack_score_tile(kk0, nk, nkp);
@@ -2381,15 +2407,18 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     }
     // A bfloat16 unit: a sum it flushed to −0 would take its sign from the
     // 0 · x terms of rows that do not see the key (unsigned_zero; dQ below).
+    // (Plus the terms the unit reads as 0, summed apart: accumulate_backward_bf16.)
     const auto sign_free = [](T x) { return unsigned_zero(x); };
     if (a.grad_key.data) {
       StridedMap<T> dK(a.grad_key.row(b, hk, k0), nc, D, Eigen::OuterStride<>(a.grad_key.stride_seq));
-      if (ws.on_unit()) dK = ws.dk.topLeftCorner(nc, D).unaryExpr(sign_free);
+      if (ws.any_dk_small) dK = (ws.dk.topLeftCorner(nc, D) + ws.dk_small.topRows(nc)).unaryExpr(sign_free);
+      else if (ws.on_unit()) dK = ws.dk.topLeftCorner(nc, D).unaryExpr(sign_free);
       else dK = ws.dk.topLeftCorner(nc, D);
     }
     if (a.grad_value.data) {
       StridedMap<T> dV(a.grad_value.row(b, hk, k0), nc, Dv, Eigen::OuterStride<>(a.grad_value.stride_seq));
-      if (ws.on_unit()) dV = ws.dv.topLeftCorner(nc, Dv).unaryExpr(sign_free);
+      if (ws.any_dv_small) dV = (ws.dv.topLeftCorner(nc, Dv) + ws.dv_small.topRows(nc)).unaryExpr(sign_free);
+      else if (ws.on_unit()) dV = ws.dv.topLeftCorner(nc, Dv).unaryExpr(sign_free);
       else dV = ws.dv.topLeftCorner(nc, Dv);
     }
   }
@@ -2402,10 +2431,14 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
       for (index_t i = 0; i < Lq; ++i) {
         T* dq = a.grad_query.row(b, h, i);
         const T c = rows[gq].c[i];
-        if (ws.on_unit())
+        if (ws.any_dq_small) {
+          const T* small = ws.dq_small.data() + (gq * Lq + i) * D;
+          for (index_t d = 0; d < D; ++d) dq[d] = unsigned_zero((dq[d] + small[d]) * c);
+        } else if (ws.on_unit()) {
           for (index_t d = 0; d < D; ++d) dq[d] = unsigned_zero(dq[d] * c);
-        else
+        } else {
           for (index_t d = 0; d < D; ++d) dq[d] *= c;
+        }
       }
     }
 }
