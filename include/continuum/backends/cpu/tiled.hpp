@@ -1901,7 +1901,8 @@ inline bool any_bf16_denormal(const std::uint32_t* w, index_t n) {
 /// at[c·kBrBwd + r] = bfloat16(scale_r · x[r·ldx + c]) for c in row r's
 /// [ov0, ov1), else 0; keys [nc, ncb) are zero rows. Row pairs are joined
 /// along the keys, then 16 × 16 blocks of pair words are transposed in
-/// registers.
+/// registers. Returns whether some element is a nonzero bfloat16 denormal
+/// (read as 0 by the unit: accumulate_backward_bf16 adds its term apart).
 template <class T>
 bool transposed_bits(const T* x, index_t ldx, index_t nr, index_t nc, const T* scale, BackwardWorkspace<T>& ws) {
   bool small = false;  // some element is a nonzero bfloat16 denormal (the unit reads it as 0)
