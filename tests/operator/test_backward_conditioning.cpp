@@ -143,7 +143,7 @@ TEMPLATE_TEST_CASE("backward: nearly equal adjacent scores", "[operator][tiled][
 // The backward's row statistics take the row maximum and its reference key
 // from one sweep over the key tiles and re-base their sums whenever a later
 // tile raises the maximum (MATH.md §6, "one sweep"). Here the maximum moves
-// across tiles of 126 keys (continuum: kBc − 2) or 128 (softmax): to the
+// across tiles of 126 keys (continuum: kBcBwd − 2) or 128 (softmax): to the
 // first key of the next tile, whose left neighbour — the previous tile's last
 // key, held back — becomes a near key; from a reference that is itself that
 // held-back last key; to an equal score later (the reference stays the first

@@ -107,25 +107,28 @@ void compare_clean(const Case<T>& c, const Poison& p, const Outputs<T>& ref, con
   }
 }
 
-/// Layouts: 0 causal (keys from position t on are garbage: hidden from the
-/// rows before t), 1 causal sliding window of 5 with garbage queries, dO and
-/// keys from t on (keys well before t stay clean), 2 GQA (4 query heads, 2 KV
-/// heads) causal with Lq < Lk, 3 explicit ranges with padding (per batch item a
-/// length n_b: rows ≥ n_b are empty padded queries with garbage q and dO, keys ≥
-/// n_b padded keys with garbage), 4 KV cache (3 new queries over a 200-slot
-/// cache of which 131 are filled: the unused slots hold garbage), 5 non-causal
-/// window (left, right) = (3, 2) with garbage queries, dO and keys from t on.
+/// Layouts: 0 causal (keys from position t = kBc + 6 on are garbage: hidden
+/// from the rows before t, whose keys span two of the forward's key tiles), 1
+/// causal sliding window of 5 with garbage queries, dO and keys from t on (keys
+/// well before t stay clean), 2 GQA (4 query heads, 2 KV heads) causal with Lq
+/// < Lk, 3 explicit ranges with padding (per batch item a length n_b: rows ≥ n_b
+/// are empty padded queries with garbage q and dO, keys ≥ n_b padded keys with
+/// garbage), 4 KV cache (3 new queries over a cache of kBc + 72 slots of which
+/// kBc + 3 are filled: the unused slots, in the forward's second key tile, hold
+/// garbage), 5 non-causal window (left, right) = (3, 2) with garbage queries, dO
+/// and keys from t on. (kBc: the forward's key tile, 512 keys.)
 template <class T>
 void setup(Case<T>& c, Poison& p, int layout) {
+  constexpr index_t kBc = continuum::cpu_detail::tiled::kBc;
   c.B = 1;
   c.Hq = c.Hk = 2;
-  c.Lq = c.Lk = 140;
+  c.Lq = c.Lk = kBc + 12;
   c.D = 8;
   c.Dv = 6;
   c.tau = T(0.3);
   c.threads = 2;
   c.tshape = continuum::TemperatureShape::per_query;
-  index_t t = 70;
+  index_t t = kBc + 6;
   switch (layout) {
     case 0: c.vis.causal = true; break;
     case 1: c.vis = visibility_code(4); break;
@@ -155,10 +158,11 @@ void setup(Case<T>& c, Poison& p, int layout) {
       break;
     case 4:
       c.Lq = 3;
-      c.Lk = 200;
+      c.Lk = kBc + 72;
+      t = kBc + 3;  // filled slots
       for (index_t i = 0; i < c.Lq; ++i) {
         c.range_lo.push_back(0);
-        c.range_hi.push_back(129 + i);
+        c.range_hi.push_back(kBc + 1 + i);
       }
       break;
   }
@@ -169,7 +173,7 @@ void setup(Case<T>& c, Poison& p, int layout) {
   p.query.assign(std::size_t(c.B * c.Hq * c.Lq), 0);
   p.key.assign(std::size_t(c.B * c.Hk * c.Lk), 0);
   for (index_t b = 0; b < c.B; ++b) {
-    const index_t n = layout == 3 ? (b == 0 ? 100 : 131) : layout == 4 ? 131 : t;
+    const index_t n = layout == 3 ? (b == 0 ? 100 : 131) : t;
     for (index_t h = 0; h < c.Hk; ++h)
       for (index_t j = n; j < c.Lk; ++j) p.key[std::size_t((b * c.Hk + h) * c.Lk + j)] = 1;
     if (layout == 1 || layout == 3 || layout == 5)

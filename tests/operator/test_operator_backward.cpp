@@ -183,8 +183,9 @@ TEST_CASE("backward equals central finite differences of the forward (double)", 
 
 TEMPLATE_TEST_CASE("backward across key and query tiles with explicit ranges", "[operator][backward][tiles]",
                    float, double) {
-  // As the forward tiles test: ranges on both sides of the 64-key and 16-query
-  // tile boundaries, GQA, per-query τ; long double reference.
+  // As the forward tiles test: ranges on both sides of the backward's key
+  // tiles (126 keys for continuum, 128 for softmax) and query tiles (64
+  // rows), GQA, per-query τ; long double reference.
   const auto shape = GENERATE(std::make_pair(33, 130), std::make_pair(17, 200), std::make_pair(70, 65));
   const int mode = GENERATE(0, 1, 2);
   Case<TestType> c;

@@ -201,12 +201,14 @@ TEMPLATE_TEST_CASE("forward through BSHD strided views with padded rows", "[oper
 
 TEMPLATE_TEST_CASE("forward across key and query tiles with explicit ranges", "[operator][forward][tiles]", float,
                    double) {
-  // Lk beyond one key tile (the operator tiles keys by 64 with a one-column
-  // halo, queries by 16): random ranges that start and end on both sides of
-  // tile boundaries, windows, GQA, per-query τ. long double reference (the
-  // shapes are too large for mpreal to be quick; it agrees with the 256-bit
+  // Lk beyond one key tile (the forward tiles keys by kBc = 512 with a
+  // one-column halo, queries in GEMM sub-blocks of 64; the bfloat16 units take
+  // 16-key blocks): random ranges that start and end on both sides of tile
+  // boundaries, windows, GQA, per-query τ. long double reference (the shapes
+  // are too large for mpreal to be quick; it agrees with the 256-bit
   // reference to 1e-16, test_reference_quadrature).
-  const auto shape = GENERATE(std::make_pair(33, 130), std::make_pair(17, 200), std::make_pair(70, 65));
+  const auto shape = GENERATE(std::make_pair(33, 130), std::make_pair(17, continuum::cpu_detail::tiled::kBc + 40),
+                              std::make_pair(70, 65));
   const int mode = GENERATE(0, 1, 2);  // 0: explicit ranges, 1: causal W=70, 2: causal + ranges
   Case<TestType> c;
   c.B = 2;

@@ -481,9 +481,9 @@ TEST_CASE("bad input throws std::invalid_argument naming the argument", "[operat
 }
 
 TEST_CASE("backward across key tiles and query blocks: sampled finite differences", "[operator][smoke]") {
-  // Lk = 150 spans three 64-key tiles, Lq = 40 three 16-row blocks; GQA 4:2;
-  // per-head τ (dτ summed over batch and queries). Coordinates sampled at and
-  // around the tile boundaries 63/64 and 127/128.
+  // Lk = 150 spans two key tiles of the backward (126 keys for continuum, 128
+  // for softmax); GQA 4:2; per-head τ (dτ summed over batch and queries).
+  // Coordinates sampled at the ends and on both sides of 63/64 and 126–129.
   for (int mode : {0, 1, 2, 3}) {
     Problem p = make_problem(2, 4, 2, 40, 150, 3, 2, 300 + mode, 1.5);
     set_vis(p, mode);

@@ -115,7 +115,8 @@ void round_inputs(Case<float>& c) {
 
 template <class S = bfloat16>
 void setup(Case<float>& c, int shape, int vis, int kernel, std::uint64_t salt) {
-  static const index_t L[][2] = {{33, 70}, {1, 140}, {70, 70}, {70, 140}};
+  // (shape 1: a row over two key tiles of the forward, six of the backward)
+  static const index_t L[][2] = {{33, 70}, {1, continuum::cpu_detail::tiled::kBc + 140}, {70, 70}, {70, 140}};
   c.B = shape == 0 ? 2 : 1;
   c.Hq = 4;
   c.Hk = shape == 1 ? 1 : 2;  // GQA
@@ -489,12 +490,17 @@ TEST_CASE("bfloat16 units: concentrated attention, decode rows, a split KV cache
   if (units.list.empty()) return;
   use_mp_precision();
   const int kernel = GENERATE(0, 1);
-  // τ = 0.01 and a causal mask over 2 key tiles: scores ~100 apart, so most
-  // weights are far below 2^-126 (flushed by the instruction) and the rest
-  // concentrated; every query row is checked against the reference.
+  // τ = 0.01 and a causal mask (bottom-right: row i sees keys [0, i + off])
+  // over 2 key tiles of the forward, 5 of the backward and 2 query tiles of
+  // the backward: scores ~100 apart, so most weights are far below 2^-126
+  // (flushed by the instruction) and the rest concentrated; every query row
+  // is checked against the reference.
   Case<float> c;
   setup(c, 1, 1, kernel, 4242);
-  c.Lq = c.Lk = 150;
+  const index_t kBc = continuum::cpu_detail::tiled::kBc;
+  c.Lq = 70;
+  c.Lk = kBc + 22;
+  const index_t off = c.Lk - c.Lq;
   c.tau = 0.01f;
   c.alloc();
   auto rng = rng_for(4243);
@@ -563,8 +569,9 @@ TEST_CASE("bfloat16 units: concentrated attention, decode rows, a split KV cache
       CHECK(dv.max_abs <= (btol + u + 12 * eps_stencil) * dv.ref_scale + u * terms.dv);
     }
     // A KV-cache decode step (one query, the keys it sees, K and V read as
-    // stored) gives the full forward's row bit for bit on the unit too.
-    for (index_t i : {index_t(0), index_t(127), index_t(128), index_t(149)}) {
+    // stored) gives the full forward's row bit for bit on the unit too: rows
+    // that see one key tile, a tile and one key, and the most keys.
+    for (index_t i : {index_t(0), kBc - 1 - off, kBc - off, c.Lq - 1}) {
       Case<float> d = c;
       d.Lq = 1;
       d.alloc();
@@ -573,7 +580,7 @@ TEST_CASE("bfloat16 units: concentrated attention, decode rows, a split KV cache
       d.k = c.k;
       d.v = c.v;
       d.range_lo.assign(1, 0);
-      d.range_hi.assign(1, i + 1);
+      d.range_hi.assign(1, i + off + 1);
       d.vis = continuum::Visibility{};
       Bf16Call y(d);
       std::vector<float> l1;

@@ -3,8 +3,9 @@
 // still defined: dP = dO·V = 0, so dQ = dK = 0 and dτ = 0). Their workspace
 // matrices then have no elements, and the kernels used to form pointers at
 // non-zero offsets from the null data() of those matrices (UBSan, dev preset:
-// "applying non-zero offset to null pointer"). Shapes cross the key tile (128)
-// and the backward query tile (64); results must match the reference (in long double).
+// "applying non-zero offset to null pointer"). Shapes cross the key tiles of
+// the forward (512) and the backward (128) and the backward query tile (64);
+// results must match the reference (in long double).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -26,7 +27,7 @@ TEMPLATE_TEST_CASE("tiled kernels: D = 0 and Dv = 0 give the reference's results
   c.Hq = 2;
   c.Hk = 1;  // GQA: dK, dV summed over two query heads
   c.Lq = lq;
-  c.Lk = 140;
+  c.Lk = continuum::cpu_detail::tiled::kBc + 12;
   c.D = dims == 0 ? 0 : 8;
   c.Dv = dims == 0 ? 8 : 0;
   c.scale = 0.5;  // the default 1/sqrt(D) needs D >= 1

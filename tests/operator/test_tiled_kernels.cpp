@@ -1,7 +1,8 @@
 // The tiled CPU kernels (backends/cpu/tiled.hpp) against the 256-bit reference,
-// on shapes that cross every tile boundary (key tiles of 128, query blocks of
-// 256 with sub-blocks of 64, backward query tiles of 64; kept small because
-// the reference is 256-bit), for float storage in float (the default,
+// on shapes that cross every tile boundary (forward key tiles of kBc = 512,
+// query blocks of 256 with sub-blocks of 64; backward key tiles of 128 and
+// query tiles of 64; kept small because the reference is 256-bit), for float
+// storage in float (the default,
 // "float_arithmetic" in the labels) and in double (Compute::float64), and for
 // double. Tolerances: harness.hpp forward_tolerance /
 // backward_tolerance (derivations there), unchanged.
@@ -14,6 +15,7 @@
 
 using namespace harness;
 using continuum::index_t;
+using continuum::cpu_detail::tiled::kBc;
 
 namespace {
 
@@ -33,7 +35,8 @@ void run_backward(Case<T>& c, bool float_arithmetic) {
 
 template <class T>
 void setup(Case<T>& c, int shape, int vis, int kernel, std::uint64_t salt) {
-  static const index_t L[][2] = {{70, 140}, {20, 261}, {261, 20}, {66, 130}, {1, 260}};
+  // Shapes 1 and 4 cross the forward's key tiles (one boundary, two).
+  static const index_t L[][2] = {{70, 140}, {20, kBc + 5}, {261, 20}, {66, 130}, {1, 2 * kBc + 4}};
   c.B = 1;
   c.Hq = 2;
   c.Hk = shape == 3 ? 1 : 2;  // GQA once
@@ -192,9 +195,10 @@ TEST_CASE("tiled kernels: bitwise independent of the thread count, in the caller
 TEST_CASE("tiled forward: a KV-cache decode step is the full causal row, bit for bit", "[operator][tiled]") {
   // Key tiles sit at absolute multiples of the tile width, so a decode step
   // (Lq = 1 over the first t + 1 cached keys) runs the same operations as row t
-  // of the full causal forward. Rows on both sides of tile boundaries (128,
-  // 256). The decode step's few rows (the query heads of one KV head: 1, 3
-  // and 6 here) take their scores from few_row_scores, which transposes the
+  // of the full causal forward. Rows on both sides of the query blocks' (256)
+  // and the key tiles' (kBc) boundaries. The decode step's few rows (the
+  // query heads of one KV head: 1, 3 and 6 here) take their scores from
+  // few_row_scores, which transposes the
   // keys in registers; the full forward's from the tile GEMM: head_dim 3, 20
   // and 24 leave a tail past the last whole vector on every instruction set.
   struct Shape {
@@ -206,7 +210,8 @@ TEST_CASE("tiled forward: a KV-cache decode step is the full causal row, bit for
   Case<float> full;
   full.Hq = shape.Hq;
   full.Hk = shape.Hk;
-  full.Lq = full.Lk = 300;
+  const index_t n = kBc + 44;
+  full.Lq = full.Lk = n;
   full.D = shape.D;
   full.Dv = 16;
   full.vis.causal = true;
@@ -219,7 +224,8 @@ TEST_CASE("tiled forward: a KV-cache decode step is the full causal row, bit for
   for_each_vector_isa<float>("the decode step", "", [&] {
     run_forward(full, true);
     const auto full_o = full.o.contiguous();
-    for (index_t t : {0, 1, 2, 127, 128, 129, 200, 255, 256, 257, 299}) {
+    for (index_t t : {index_t(0), index_t(1), index_t(2), index_t(200), index_t(255), index_t(256), index_t(257),
+                      kBc - 1, kBc, kBc + 1, n - 1}) {
       continuum::ForwardArgs<float> a = full.forward_args();
       a.compute = continuum::Compute::automatic;
       a.query.data = full.q.view.row(0, 0, t);
@@ -235,8 +241,8 @@ TEST_CASE("tiled forward: a KV-cache decode step is the full causal row, bit for
       for (index_t h = 0; h < Hq; ++h) {
         INFO("heads " << Hq << " on " << shape.Hk << ", head_dim " << shape.D << ", window " << window << " kernel "
                       << kernel << " step " << t << " head " << h);
-        CHECK(std::memcmp(out.data() + h * 16, full_o.data() + (h * 300 + t) * 16, 16 * sizeof(float)) == 0);
-        CHECK(std::memcmp(&lse[std::size_t(h)], &full.lse[std::size_t(h * 300 + t)], sizeof(float)) == 0);
+        CHECK(std::memcmp(out.data() + h * 16, full_o.data() + (h * n + t) * 16, 16 * sizeof(float)) == 0);
+        CHECK(std::memcmp(&lse[std::size_t(h)], &full.lse[std::size_t(h * n + t)], sizeof(float)) == 0);
       }
     }
   });

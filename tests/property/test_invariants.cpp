@@ -177,8 +177,8 @@ TEMPLATE_TEST_CASE("MATH.md §7.4 P and pi are non-negative and rows sum to 1", 
 
 TEMPLATE_TEST_CASE("inspection maps P and pi change no bit of out and lse", "[property][maps]", float, double) {
   // The maps come from the same kernels as the output (MATH.md §10): asking
-  // for them must not change how out and lse are computed. Lk = 300 spans
-  // three key tiles; query row 5 of head 1 is scaled so that its scores
+  // for them must not change how out and lse are computed. Lk = kBc + 88
+  // spans two key tiles; query row 5 of head 1 is scaled so that its scores
   // exceed 4096 (float and double rows then go to the next wider type, whose
   // maps must also reach the caller).
   use_mp_precision();
@@ -190,7 +190,7 @@ TEMPLATE_TEST_CASE("inspection maps P and pi change no bit of out and lse", "[pr
   c.Hq = 2;
   c.Hk = 1;
   c.Lq = 40;
-  c.Lk = 300;
+  c.Lk = continuum::cpu_detail::tiled::kBc + 88;
   c.D = 6;
   c.kernel = kernel;
   c.compute = compute;

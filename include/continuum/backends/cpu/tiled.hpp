@@ -30,8 +30,8 @@
 // (outer) × query tiles (inner) in a fixed order, so results are bitwise
 // independent of the thread count and there are no atomics. Per tile, with one
 // halo key on each side (so every key of the tile sees both neighbours; key
-// tiles of kBc - 2 keys, so that S and dP are kBc columns):
-//   S, dP = dO · Vᵀ (GEMMs, kBc columns), E = e^{s - m}/Z, g = (dP - dP_ref) - δ,
+// tiles of kBcBwd - 2 keys, so that S and dP are kBcBwd columns):
+//   S, dP = dO · Vᵀ (GEMMs, kBcBwd columns), E = e^{s - m}/Z, g = (dP - dP_ref) - δ,
 //   P (α / Z), dS (tridiagonal stencil), dV += Pᵀ dO, dK += dSᵀ (c q), dQ += dS K.
 // The row statistics (max m = s_ref, reference key ref, Z, δ = Dl - dP_ref, dS_ref)
 // are recomputed first by one sweep over the same tiles (S, dP, the running
@@ -96,14 +96,21 @@ namespace cpu_detail {
 /// The tiled kernels (entry points forward_tiled, backward_tiled).
 namespace tiled {
 
-/// Tile sizes (rows of queries × keys). 64 × 128 keeps the working set of a
-/// tile (Q, K, V, S, W, O) near 100 KiB in float: inside L2 on current CPUs.
+/// Tile sizes (rows of queries × keys). The forward's rows hold their scores
+/// and weights for a whole key tile (S, W: 512 KiB each in float), so that
+/// each row's maximum, rescaling and sums (horizontal reductions across the
+/// vector lanes) run once per 512 keys, not once per 128: 4-9 % of a bfloat16
+/// forward on an AMD Zen 5 (docs/PERFORMANCE.md, "Forward key tiles of 512").
 inline constexpr index_t kBr = 256;  // query rows per task (forward)
 inline constexpr index_t kBs = 64;   // query rows per GEMM sub-block (causal skipping)
-inline constexpr index_t kBc = 128;  // keys per tile
+inline constexpr index_t kBc = 512;  // keys per tile (forward)
 /// Keys per chunk of a decode step's key-axis split (forward_tiled).
-inline constexpr index_t kSplitKeys = 16 * kBc;
-inline constexpr index_t kBrBwd = 64;  // query rows per tile (backward)
+inline constexpr index_t kSplitKeys = 2048;
+static_assert(kSplitKeys % kBc == 0, "a decode chunk holds whole key tiles");
+inline constexpr index_t kBrBwd = 64;   // query rows per tile (backward)
+inline constexpr index_t kBcBwd = 128;  // keys per tile (backward)
+/// Keys per block of the magnitude pass's range maxima (row_eligibility).
+inline constexpr index_t kNormBlock = 128;
 
 template <class T>
 using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -523,8 +530,8 @@ inline A row_norm2(const T* x, index_t n, bool& bad) {
 }
 
 /// Per-key magnitudes of one (batch, KV head): ‖k_j‖², ‖v_j‖² and whether k_j
-/// or v_j holds a NaN or an Inf, and their maxima (or) over blocks of kBc
-/// keys, so that the value over any range [lo, hi) costs O(kBc + Lk / kBc).
+/// or v_j holds a NaN or an Inf, and their maxima (or) over blocks of kNormBlock
+/// keys, so that the value over any range [lo, hi) costs O(kNormBlock + Lk / kNormBlock).
 /// One pass over K and V with one multiply-add per element.
 template <class A>
 struct KeyMagnitudes {
@@ -532,7 +539,7 @@ struct KeyMagnitudes {
   std::vector<char> bad, bad_blk;
   template <class T>
   void build(const TensorView<const T>& key, const TensorView<const T>& value, index_t b, index_t hk) {
-    const index_t Lk = key.seq, nb = (Lk + kBc - 1) / kBc;
+    const index_t Lk = key.seq, nb = (Lk + kNormBlock - 1) / kNormBlock;
     kn.resize(std::size_t(Lk));
     vn.resize(std::size_t(Lk));
     bad.resize(std::size_t(Lk));
@@ -547,9 +554,9 @@ struct KeyMagnitudes {
       kn[j] = row_norm2<A>(key.row(b, hk, j), key.dim, kb);
       vn[j] = row_norm2<A>(value.row(b, hk, j), value.dim, vb);
       bad[j] = char(kb || vb);
-      kn_blk[j / kBc] = std::max(kn_blk[j / kBc], kn[j]);
-      vn_blk[j / kBc] = std::max(vn_blk[j / kBc], vn[j]);
-      bad_blk[j / kBc] |= bad[j];
+      kn_blk[j / kNormBlock] = std::max(kn_blk[j / kNormBlock], kn[j]);
+      vn_blk[j / kNormBlock] = std::max(vn_blk[j / kNormBlock], vn[j]);
+      bad_blk[j / kNormBlock] |= bad[j];
     }
   }
   /// Maxima of ‖k‖² and ‖v‖² over the keys [lo, hi) (lo < hi); nonfinite when
@@ -558,9 +565,9 @@ struct KeyMagnitudes {
     kmax = vmax = A(0);
     char nf = 0;
     index_t j = lo;
-    for (; j < hi && j % kBc != 0; ++j) kmax = std::max(kmax, kn[j]), vmax = std::max(vmax, vn[j]), nf |= bad[j];
-    for (; j + kBc <= hi; j += kBc)
-      kmax = std::max(kmax, kn_blk[j / kBc]), vmax = std::max(vmax, vn_blk[j / kBc]), nf |= bad_blk[j / kBc];
+    for (; j < hi && j % kNormBlock != 0; ++j) kmax = std::max(kmax, kn[j]), vmax = std::max(vmax, vn[j]), nf |= bad[j];
+    for (; j + kNormBlock <= hi; j += kNormBlock)
+      kmax = std::max(kmax, kn_blk[j / kNormBlock]), vmax = std::max(vmax, vn_blk[j / kNormBlock]), nf |= bad_blk[j / kNormBlock];
     for (; j < hi; ++j) kmax = std::max(kmax, kn[j]), vmax = std::max(vmax, vn[j]), nf |= bad[j];
     nonfinite = nf != 0;
   }
@@ -1673,18 +1680,18 @@ template <class T>
 struct BackwardWorkspace {
   RowMatrix<T> q;    // kBrBwd × D scaled rows c_i q_i
   RowMatrix<T> dout; // kBrBwd × Dv
-  RowMatrix<T> kt, vt;  // D × (kBc + 2 + pad), Dv × (…): key/value tile transposed
-  RowMatrix<T> s;    // kBrBwd × (kBc + 2): keys [k0 - 1, k1 + 1)
-  RowMatrix<T> dp;   // kBrBwd × (kBc + 2)
-  RowMatrix<T> p;    // kBrBwd × kBc
-  RowMatrix<T> ds;   // kBrBwd × kBc
-  RowMatrix<T> dk, dv;  // kBc × D, kBc × Dv
+  RowMatrix<T> kt, vt;  // D × (kBcBwd + 2 + pad), Dv × (…): key/value tile transposed
+  RowMatrix<T> s;    // kBrBwd × (kBcBwd + 2): keys [k0 - 1, k1 + 1)
+  RowMatrix<T> dp;   // kBrBwd × (kBcBwd + 2)
+  RowMatrix<T> p;    // kBrBwd × kBcBwd
+  RowMatrix<T> ds;   // kBrBwd × kBcBwd
+  RowMatrix<T> dk, dv;  // kBcBwd × D, kBcBwd × Dv
   std::vector<T> e, g, ax, ay, dx, dy;
   // Per row of the tile: its visible key columns [ov0, ov1) and keys [kb, ke);
   // per key column: the rows [rb, re) that see it (key_range_gemm).
   std::vector<index_t> ov0 = std::vector<index_t>(kBrBwd), ov1 = std::vector<index_t>(kBrBwd),
                        kb = std::vector<index_t>(kBrBwd), ke = std::vector<index_t>(kBrBwd),
-                       rb = std::vector<index_t>(kBc), re = std::vector<index_t>(kBc);
+                       rb = std::vector<index_t>(kBcBwd), re = std::vector<index_t>(kBcBwd);
   // The score-type products S and dP on a bfloat16 unit (bf16_products.hpp;
   // bfloat16 storage computed in float): Q's and dO's bfloat16 bits (unscaled,
   // every row of the task's query heads), K and V packed
@@ -1712,35 +1719,35 @@ struct BackwardWorkspace {
   // The terms of A-side elements that round to bfloat16 denormals (the unit
   // reads them as 0): summed in float apart from the unit's sums and added
   // when the gradient is written (accumulate_backward_bf16): dK and dV of the
-  // key tile (kBc × D, kBc × Dv), dQ of the task's rows (group·Lq × D,
+  // key tile (kBcBwd × D, kBcBwd × Dv), dQ of the task's rows (group·Lq × D,
   // unscaled, allocated when first needed).
   RowMatrix<T> dk_small, dv_small;
   std::vector<T> dq_small;
   bool any_dk_small = false, any_dv_small = false, any_dq_small = false;
   BackwardWorkspace(index_t D, index_t Dv, bf16::Unit on = bf16::Unit::none)
-      : q(kBrBwd, D), dout(kBrBwd, Dv), kt(D, kBc + 2 + kPad<T>), vt(Dv, kBc + 2 + kPad<T>),
-        s(kBrBwd, kBc + 2 + kPad<T>), dp(kBrBwd, kBc + 2 + kPad<T>), p(kBrBwd, kBc), ds(kBrBwd, kBc),
-        dk(kBc, D), dv(kBc, Dv), e(kBc + 2 + 2 * kPad<T>), g(kBc + 2 + 2 * kPad<T>), ax(kBc + 2 + 2 * kPad<T>),
-        ay(kBc + 2 + 2 * kPad<T>), dx(kBc + 2 + 2 * kPad<T>), dy(kBc + 2 + 2 * kPad<T>), unit(on) {
+      : q(kBrBwd, D), dout(kBrBwd, Dv), kt(D, kBcBwd + 2 + kPad<T>), vt(Dv, kBcBwd + 2 + kPad<T>),
+        s(kBrBwd, kBcBwd + 2 + kPad<T>), dp(kBrBwd, kBcBwd + 2 + kPad<T>), p(kBrBwd, kBcBwd), ds(kBrBwd, kBcBwd),
+        dk(kBcBwd, D), dv(kBcBwd, Dv), e(kBcBwd + 2 + 2 * kPad<T>), g(kBcBwd + 2 + 2 * kPad<T>), ax(kBcBwd + 2 + 2 * kPad<T>),
+        ay(kBcBwd + 2 + 2 * kPad<T>), dx(kBcBwd + 2 + 2 * kPad<T>), dy(kBcBwd + 2 + 2 * kPad<T>), unit(on) {
     if (on_unit()) {
       Dp = round_up(D, bf16::kStep);
       Dvq = round_up(Dv, bf16::kStep);
-      kp.resize(std::size_t((kBc + 2 * bf16::kCols) * Dp));
-      vkp.resize(std::size_t((kBc + 2 * bf16::kCols) * Dvq));
-      all_keys.assign(std::size_t(kBc + 2 * bf16::kCols), 1);
+      kp.resize(std::size_t((kBcBwd + 2 * bf16::kCols) * Dp));
+      vkp.resize(std::size_t((kBcBwd + 2 * bf16::kCols) * Dvq));
+      all_keys.assign(std::size_t(kBcBwd + 2 * bf16::kCols), 1);
       Dc = round_up(D, bf16::kCols);
       Dvc = round_up(Dv, bf16::kCols);
-      dk.resize(kBc, Dc);
-      dv.resize(kBc, Dvc);
-      at.resize(std::size_t(std::max(kBc * kBrBwd, round_up(kBrBwd, bf16::kRows) * round_up(kBc, bf16::kStep))));
-      words.resize(std::size_t(kBrBwd / 2 * kBc));
-      bk.resize(std::size_t(Dc * round_up(kBc, bf16::kStep)));
+      dk.resize(kBcBwd, Dc);
+      dv.resize(kBcBwd, Dvc);
+      at.resize(std::size_t(std::max(kBcBwd * kBrBwd, round_up(kBrBwd, bf16::kRows) * round_up(kBcBwd, bf16::kStep))));
+      words.resize(std::size_t(kBrBwd / 2 * kBcBwd));
+      bk.resize(std::size_t(Dc * round_up(kBcBwd, bf16::kStep)));
       dqs.resize(std::size_t(round_up(kBrBwd, bf16::kRows) * Dc));
-      dk_small.resize(kBc, D);
-      dv_small.resize(kBc, Dv);
+      dk_small.resize(kBcBwd, D);
+      dv_small.resize(kBcBwd, Dv);
       rseen.resize(std::size_t(kBrBwd));
-      kseen.resize(std::size_t(kBc));
-      cover.resize(std::size_t(kBc + 1));
+      kseen.resize(std::size_t(kBcBwd));
+      cover.resize(std::size_t(kBcBwd + 1));
     }
   }
 };
@@ -2093,9 +2100,9 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
       }
   }
 
-  // Key tiles of kBc - 2 keys for continuum: with a halo key on each side the
-  // S and dP products are kBc columns wide, a whole number of vectors.
-  constexpr index_t kTile = Stencil::has_halo ? kBc - 2 : kBc;
+  // Key tiles of kBcBwd - 2 keys for continuum: with a halo key on each side the
+  // S and dP products are kBcBwd columns wide, a whole number of vectors.
+  constexpr index_t kTile = Stencil::has_halo ? kBcBwd - 2 : kBcBwd;
 
   // Row statistics, recomputed from Q, K, V, dO (the caller's lse and out are
   // not read), in the reference-key form (MATH.md §6, reference_grad_score):
@@ -2295,7 +2302,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     const index_t off = k0 - kk0;  // column of key k0 in s/dp
     const index_t nk = kk1 - kk0;
     // (A unit's tiles take whole 16-key blocks of the accumulators.)
-    const index_t nz = ws.on_unit() ? std::min(round_up(nc, bf16::kRows), kBc) : nc;
+    const index_t nz = ws.on_unit() ? std::min(round_up(nc, bf16::kRows), kBcBwd) : nc;
     ws.dk.topRows(nz).setZero();
     ws.dv.topRows(nz).setZero();
     ws.any_dk_small = ws.any_dv_small = false;
