@@ -32,6 +32,7 @@
 
 using namespace harness;
 using continuum::index_t;
+using continuum::cpu_detail::tiled::kBcStats;
 
 namespace {
 
@@ -143,18 +144,19 @@ TEMPLATE_TEST_CASE("backward: nearly equal adjacent scores", "[operator][tiled][
 // The backward's row statistics take the row maximum and its reference key
 // from one sweep over the key tiles and re-base their sums whenever a later
 // tile raises the maximum (MATH.md §6, "one sweep"). Here the maximum moves
-// across tiles of 126 keys (continuum: kBcBwd − 2) or 128 (softmax): to the
-// first key of the next tile, whose left neighbour — the previous tile's last
-// key, held back — becomes a near key; from a reference that is itself that
-// held-back last key; to an equal score later (the reference stays the first
-// key at the maximum); by small gaps (the old keys keep most of the weight,
-// so a wrong re-basing moves δ and dS_ref by O(1)) and large ones, beyond
-// float's and double's exp range (a weight taken at a running maximum that
-// the next key exceeds would be e^{s − m} > 1, clamped wrong there). Checked
-// against the 256-bit reference with the backward tolerance of every
-// operator test; and, since that tolerance grows as (1 + max|s|)², dV on its
-// own: for one query row dV_j = P_j dO, the forward's probability times dO,
-// within the forward's tolerance (forward_tolerance, harness.hpp) of max|dV|.
+// across that sweep's tiles of 510 keys (continuum: kBcStats − 2) or 512
+// (softmax): to the first key of the next tile, whose left neighbour — the
+// previous tile's last key, held back — becomes a near key; from a reference
+// that is itself that held-back last key; to an equal score later (the
+// reference stays the first key at the maximum); by small gaps (the old keys
+// keep most of the weight, so a wrong re-basing moves δ and dS_ref by O(1))
+// and large ones, beyond float's and double's exp range (a weight taken at a
+// running maximum that the next key exceeds would be e^{s − m} > 1, clamped
+// wrong there). Checked against the 256-bit reference with the backward
+// tolerance of every operator test; and, since that tolerance grows as
+// (1 + max|s|)², dV on its own: for one query row dV_j = P_j dO, the forward's
+// probability times dO, within the forward's tolerance (forward_tolerance,
+// harness.hpp) of max|dV|.
 TEMPLATE_TEST_CASE("backward: the row maximum moves across key tiles", "[operator][tiled][conditioning]", float,
                    double) {
   use_mp_precision();
@@ -164,7 +166,7 @@ TEMPLATE_TEST_CASE("backward: the row maximum moves across key tiles", "[operato
   // (Softmax has no neighbour weights: beyond a gap of ~90 (float) or ~700
   // (double) every gradient underflows, and there is no halo to get wrong.)
   if (kernel == continuum::Kernel::softmax && gap > 30) return;
-  const index_t tile = kernel == continuum::Kernel::continuum ? 126 : 128;
+  const index_t tile = kernel == continuum::Kernel::continuum ? kBcStats - 2 : kBcStats;
   Case<TestType> c;
   c.kernel = kernel;
   c.Lq = 1;

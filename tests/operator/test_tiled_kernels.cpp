@@ -1,7 +1,8 @@
 // The tiled CPU kernels (backends/cpu/tiled.hpp) against the 256-bit reference,
 // on shapes that cross every tile boundary (forward key tiles of kBc = 512,
-// query blocks of 256 with sub-blocks of 64; backward key tiles of 128 and
-// query tiles of 64; kept small because the reference is 256-bit), for float
+// query blocks of 256 with sub-blocks of 64; backward key tiles of 128, the
+// backward's statistics tiles of kBcStats = 512 and query tiles of 64; kept
+// small because the reference is 256-bit), for float
 // storage in float (the default,
 // "float_arithmetic" in the labels) and in double (Compute::float64), and for
 // double. Tolerances: harness.hpp forward_tolerance /
@@ -16,6 +17,7 @@
 using namespace harness;
 using continuum::index_t;
 using continuum::cpu_detail::tiled::kBc;
+using continuum::cpu_detail::tiled::kBcStats;
 
 namespace {
 
@@ -35,7 +37,10 @@ void run_backward(Case<T>& c, bool float_arithmetic) {
 
 template <class T>
 void setup(Case<T>& c, int shape, int vis, int kernel, std::uint64_t salt) {
-  // Shapes 1 and 4 cross the forward's key tiles (one boundary, two).
+  // Shapes 1 and 4 cross the forward's key tiles (one boundary, two), and
+  // the backward's statistics tiles (kBcStats − 2 keys for continuum; shape 4
+  // in the backward test).
+  static_assert(kBcStats <= kBc, "shapes 1 and 4 cross the statistics tiles too");
   static const index_t L[][2] = {{70, 140}, {20, kBc + 5}, {261, 20}, {66, 130}, {1, 2 * kBc + 4}};
   c.B = 1;
   c.Hq = 2;
@@ -99,7 +104,7 @@ TEMPLATE_TEST_CASE("tiled forward matches the reference across tile boundaries",
 TEMPLATE_TEST_CASE("tiled backward matches the reference across tile boundaries", "[operator][tiled]", float,
                    double) {
   use_mp_precision();
-  const int shape = GENERATE(0, 3);
+  const int shape = GENERATE(0, 3, 4);
   const int vis = GENERATE(0, 3);
   const int kernel = GENERATE(0, 1);
   const bool fa = std::is_same<TestType, float>::value ? GENERATE(false, true) : false;
@@ -124,6 +129,36 @@ TEMPLATE_TEST_CASE("tiled backward matches the reference across tile boundaries"
   CHECK(dq.max_abs <= tol * std::max(dq.ref_scale, 1e-300));
   CHECK(dk.max_abs <= tol * std::max(dk.ref_scale, 1e-300));
   CHECK(dv.max_abs <= tol * std::max(dv.ref_scale, 1e-300));
+}
+
+// The backward's statistics sweep holds back each tile's last visible key
+// until the next tile (its right-hand segment needs the next key's score),
+// and gives a row's first and last keys their half-token cells. Rows whose
+// range starts or ends at the keys around a statistics tile boundary (the
+// first row starts at the previous tile's last key, so that key is both held
+// back and the row's first) take each of these paths; against the 256-bit
+// reference, within the backward tolerance.
+TEMPLATE_TEST_CASE("tiled backward: ranges that start or end at a statistics tile boundary", "[operator][tiled]",
+                   float, double) {
+  use_mp_precision();
+  const auto kernel = GENERATE(continuum::Kernel::continuum, continuum::Kernel::softmax);
+  const index_t tile = kernel == continuum::Kernel::continuum ? kBcStats - 2 : kBcStats;
+  Case<TestType> c;
+  c.kernel = kernel;
+  c.Lk = 2 * tile + 9;
+  const index_t lo[] = {tile - 1, tile - 2, tile, tile + 1, 3, tile - 1, 2 * tile - 1, 0};
+  const index_t hi[] = {c.Lk, tile + 40, 2 * tile, 2 * tile + 1, tile, tile + 1, c.Lk, 2 * tile - 1};
+  c.Lq = index_t(std::size(lo));
+  c.range_lo.assign(std::begin(lo), std::end(lo));
+  c.range_hi.assign(std::begin(hi), std::end(hi));
+  c.D = 5;
+  c.Dv = 3;
+  c.tau = TestType(0.3);
+  c.threads = 2;
+  c.alloc();
+  auto rng = rng_for(std::uint64_t(7900 + int(kernel)));
+  c.fill_uniform(rng);
+  check_backward<mp>(c, "statistics tile boundary");
 }
 
 TEST_CASE("tiled kernels: bitwise independent of the thread count, in the caller's rounding mode and "

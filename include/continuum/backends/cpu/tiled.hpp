@@ -34,10 +34,13 @@
 //   S, dP = dO · Vᵀ (GEMMs, kBcBwd columns), E = e^{s - m}/Z, g = (dP - dP_ref) - δ,
 //   P (α / Z), dS (tridiagonal stencil), dV += Pᵀ dO, dK += dSᵀ (c q), dQ += dS K.
 // The row statistics (max m = s_ref, reference key ref, Z, δ = Dl - dP_ref, dS_ref)
-// are recomputed first by one sweep over the same tiles (S, dP, the running
-// maximum and its key, Z and Σ α (dP - dP_ref), re-based when the maximum
-// moves), in the reference-key form (reference_grad_score), which does not
-// cancel when attention is concentrated; the caller's lse and out are not read.
+// are recomputed first by one sweep over wider key tiles (kBcStats: S, dP, the
+// running maximum and its key, the forward's weights, Z and Σ α (dP - dP_ref),
+// re-based when the maximum moves), in the reference-key form
+// (reference_grad_score), which does not cancel when attention is
+// concentrated; the caller's lse and out are not read. Each element of a
+// product depends on its own row and column only, so both sweeps form the same
+// S and dP bits whatever their tiles.
 // Inspection maps (P, π; small inputs): written per finished row by the
 // forward (write_maps), from the same scores and stencil.
 // Masking is structural: every product that sums over keys or queries
@@ -109,6 +112,10 @@ inline constexpr index_t kSplitKeys = 2048;
 static_assert(kSplitKeys % kBc == 0, "a decode chunk holds whole key tiles");
 inline constexpr index_t kBrBwd = 64;   // query rows per tile (backward)
 inline constexpr index_t kBcBwd = 128;  // keys per tile (backward)
+/// Keys per tile of the backward's statistics sweep (halos included): it
+/// forms only S, dP and per-row sums, so its tiles are as wide as the
+/// forward's, and each row's maximum, rescaling and sums run once per 512 keys.
+inline constexpr index_t kBcStats = 512;
 /// Keys per block of the magnitude pass's range maxima (row_eligibility).
 inline constexpr index_t kNormBlock = 128;
 
@@ -901,10 +908,9 @@ struct WidenedLanes {
 #endif
 
 /// The statistics sweep's far keys over columns [c0, c1): z += Σ α_c and
-/// e += Σ α_c·(W(dp[c]) − dpref), where α_c = a[c] + b[c] (b may be null)
-/// is formed in T, then widened to W.
+/// e += Σ α_c·(W(dp[c]) − dpref), α_c = W(a[c]).
 template <class T, class W>
-inline void far_key_sums(const T* a, const T* b, const T* dp, W dpref, index_t c0, index_t c1, W& z, W& e) {
+inline void far_key_sums(const T* a, const T* dp, W dpref, index_t c0, index_t c1, W& z, W& e) {
   W zs = W(0), es = W(0);
   index_t c = c0;
 #if defined(CONTINUUM_CPU_SIMD)
@@ -913,7 +919,7 @@ inline void far_key_sums(const T* a, const T* b, const T* dp, W dpref, index_t c
     if (c1 - c0 >= N::L) {
       typename N::V zv = {}, ev = {};
       for (; c + N::L <= c1; c += N::L) {
-        const auto al = N::widen(b ? N::load(a + c) + N::load(b + c) : N::load(a + c));
+        const auto al = N::widen(N::load(a + c));
         zv += al;
         ev += al * (N::widen(N::load(dp + c)) - dpref);
       }
@@ -923,7 +929,7 @@ inline void far_key_sums(const T* a, const T* b, const T* dp, W dpref, index_t c
   }
 #endif
   for (; c < c1; ++c) {
-    const W al = W(b ? a[c] + b[c] : a[c]);
+    const W al = W(a[c]);
     zs += al;
     es += al * (W(dp[c]) - dpref);
   }
@@ -1680,13 +1686,16 @@ template <class T>
 struct BackwardWorkspace {
   RowMatrix<T> q;    // kBrBwd × D scaled rows c_i q_i
   RowMatrix<T> dout; // kBrBwd × Dv
-  RowMatrix<T> kt, vt;  // D × (kBcBwd + 2 + pad), Dv × (…): key/value tile transposed
-  RowMatrix<T> s;    // kBrBwd × (kBcBwd + 2): keys [k0 - 1, k1 + 1)
-  RowMatrix<T> dp;   // kBrBwd × (kBcBwd + 2)
+  // S and dP tiles, and K and V as their B sides, hold a tile of either
+  // sweep: kBcStats (statistics) or kBcBwd (gradients) keys, halos included.
+  RowMatrix<T> kt, vt;  // D × (kBcStats + pad), Dv × (…): key/value tile transposed
+  RowMatrix<T> s;    // kBrBwd × (kBcStats + pad): keys [k0 - 1, k1 + 1)
+  RowMatrix<T> dp;   // kBrBwd × (kBcStats + pad)
   RowMatrix<T> p;    // kBrBwd × kBcBwd
   RowMatrix<T> ds;   // kBrBwd × kBcBwd
   RowMatrix<T> dk, dv;  // kBcBwd × D, kBcBwd × Dv
-  std::vector<T> e, g, ax, ay, dx, dy;
+  std::vector<T> e;  // kBcStats + pad: a row's weights (statistics) or e^{s - m}/Z (gradients)
+  std::vector<T> g, ax, ay, dx, dy;
   // Per row of the tile: its visible key columns [ov0, ov1) and keys [kb, ke);
   // per key column: the rows [rb, re) that see it (key_range_gemm).
   std::vector<index_t> ov0 = std::vector<index_t>(kBrBwd), ov1 = std::vector<index_t>(kBrBwd),
@@ -1725,16 +1734,16 @@ struct BackwardWorkspace {
   std::vector<T> dq_small;
   bool any_dk_small = false, any_dv_small = false, any_dq_small = false;
   BackwardWorkspace(index_t D, index_t Dv, bf16::Unit on = bf16::Unit::none)
-      : q(kBrBwd, D), dout(kBrBwd, Dv), kt(D, kBcBwd + 2 + kPad<T>), vt(Dv, kBcBwd + 2 + kPad<T>),
-        s(kBrBwd, kBcBwd + 2 + kPad<T>), dp(kBrBwd, kBcBwd + 2 + kPad<T>), p(kBrBwd, kBcBwd), ds(kBrBwd, kBcBwd),
-        dk(kBcBwd, D), dv(kBcBwd, Dv), e(kBcBwd + 2 + 2 * kPad<T>), g(kBcBwd + 2 + 2 * kPad<T>), ax(kBcBwd + 2 + 2 * kPad<T>),
+      : q(kBrBwd, D), dout(kBrBwd, Dv), kt(D, kBcStats + 2 + kPad<T>), vt(Dv, kBcStats + 2 + kPad<T>),
+        s(kBrBwd, kBcStats + 2 + kPad<T>), dp(kBrBwd, kBcStats + 2 + kPad<T>), p(kBrBwd, kBcBwd), ds(kBrBwd, kBcBwd),
+        dk(kBcBwd, D), dv(kBcBwd, Dv), e(kBcStats + 2 + 2 * kPad<T>), g(kBcBwd + 2 + 2 * kPad<T>), ax(kBcBwd + 2 + 2 * kPad<T>),
         ay(kBcBwd + 2 + 2 * kPad<T>), dx(kBcBwd + 2 + 2 * kPad<T>), dy(kBcBwd + 2 + 2 * kPad<T>), unit(on) {
     if (on_unit()) {
       Dp = round_up(D, bf16::kStep);
       Dvq = round_up(Dv, bf16::kStep);
-      kp.resize(std::size_t((kBcBwd + 2 * bf16::kCols) * Dp));
-      vkp.resize(std::size_t((kBcBwd + 2 * bf16::kCols) * Dvq));
-      all_keys.assign(std::size_t(kBcBwd + 2 * bf16::kCols), 1);
+      kp.resize(std::size_t((kBcStats + 2 * bf16::kCols) * Dp));
+      vkp.resize(std::size_t((kBcStats + 2 * bf16::kCols) * Dvq));
+      all_keys.assign(std::size_t(kBcStats + 2 * bf16::kCols), 1);
       Dc = round_up(D, bf16::kCols);
       Dvc = round_up(Dv, bf16::kCols);
       dk.resize(kBcBwd, Dc);
@@ -1821,24 +1830,25 @@ void pack_backward_score_rows_bf16(const BackwardArgs<T>& a, index_t b, index_t 
 }
 
 /// S = c_i ⊗ (q·k) and dP = dO·v for the nr rows of query block i0 of the
-/// task's query head gq against the packed tile (nkp columns), into ws.s and
-/// ws.dp.
+/// task's query head gq against the packed tile, columns [j0, j1) (whole
+/// blocks of the unit's columns), into ws.s and ws.dp.
 template <class T>
-void backward_scores_bf16(const BackwardArgs<T>& a, index_t gq, index_t i0, index_t nr, index_t nkp, const T* c,
-                          BackwardWorkspace<T>& ws) {
+void backward_scores_bf16(const BackwardArgs<T>& a, index_t gq, index_t i0, index_t nr, index_t j0, index_t j1,
+                          const T* c, BackwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
     const index_t lds = ws.s.cols(), row0 = gq * a.query.seq + i0;
+    const index_t b0 = j0 / bf16::kCols, b1 = (j1 + bf16::kCols - 1) / bf16::kCols;
     for (index_t g = 0; g < nr; g += bf16::kRows) {
-      bf16::scores(ws.unit, ws.qb.data() + (row0 + g) * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), 0, nkp / bf16::kCols,
-                   ws.s.data() + g * lds, lds, block_rows(g, nr));
-      bf16::scores(ws.unit, ws.gb.data() + (row0 + g) * ws.Dvq, ws.Dvq, ws.Dvq, ws.vkp.data(), 0,
-                   nkp / bf16::kCols, ws.dp.data() + g * lds, lds, block_rows(g, nr));
+      bf16::scores(ws.unit, ws.qb.data() + (row0 + g) * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), b0, b1,
+                   ws.s.data() + g * lds + b0 * bf16::kCols, lds, block_rows(g, nr));
+      bf16::scores(ws.unit, ws.gb.data() + (row0 + g) * ws.Dvq, ws.Dvq, ws.Dvq, ws.vkp.data(), b0, b1,
+                   ws.dp.data() + g * lds + b0 * bf16::kCols, lds, block_rows(g, nr));
     }
     for (index_t r = 0; r < nr; ++r) {
       T* sr = ws.s.row(r).data();
       const T cr = c[i0 + r];
 #pragma omp simd
-      for (index_t j = 0; j < nkp; ++j) sr[j] *= cr;
+      for (index_t j = b0 * bf16::kCols; j < b1 * bf16::kCols; ++j) sr[j] *= cr;
     }
   }
 }
@@ -2100,9 +2110,11 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
       }
   }
 
-  // Key tiles of kBcBwd - 2 keys for continuum: with a halo key on each side the
-  // S and dP products are kBcBwd columns wide, a whole number of vectors.
+  // Key tiles of kBcBwd - 2 keys for continuum (kBcStats - 2 in the
+  // statistics sweep): with a halo key on each side the S and dP products
+  // are kBcBwd (kBcStats) columns wide, a whole number of vectors.
   constexpr index_t kTile = Stencil::has_halo ? kBcBwd - 2 : kBcBwd;
+  constexpr index_t kStatsTile = Stencil::has_halo ? kBcStats - 2 : kBcStats;
 
   // Row statistics, recomputed from Q, K, V, dO (the caller's lse and out are
   // not read), in the reference-key form (MATH.md §6, reference_grad_score):
@@ -2132,17 +2144,27 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), nkp);
     pack_transposed(a.value.row(b, hk, kk0), ldv, nk, Dv, ws.vt.data(), nkp);
   };
-  // Whether a row of query block [i0, i1) sees a key of [k0, k1).
-  const auto block_sees = [](const RowInfo<T>& ri, index_t i0, index_t i1, index_t k0, index_t k1) {
-    for (index_t i = i0; i < i1; ++i)
-      if (ri.range[i].lo < k1 && ri.range[i].hi > k0) return true;
-    return false;
+  // The columns [j0, j1) of the tile's S and dP that the rows of query block
+  // [i0, i1) read: the knots [kk0, kz) of rows that see a key of [k0, k1),
+  // widened to whole vectors (at most nkp); j0 ≥ j1 when no row sees one.
+  const auto block_columns = [](const RowInfo<T>& ri, index_t i0, index_t i1, index_t k0, index_t k1, index_t kk0,
+                                index_t kz, index_t nkp) {
+    index_t j0 = nkp, j1 = 0;
+    for (index_t i = i0; i < i1; ++i) {
+      const RowRange rg = ri.range[i];
+      if (!(rg.lo < k1 && rg.hi > k0)) continue;
+      j0 = std::min(j0, std::max(rg.lo, kk0) - kk0);
+      j1 = std::max(j1, std::min(rg.hi, kz) - kk0);
+    }
+    return std::pair<index_t, index_t>(j0 / kPad<T> * kPad<T>, std::min(round_up(j1, kPad<T>), nkp));
   };
   // S = (c_i q_i)·k and dP = dO_i·v of query block [i0, i0 + nr) of query
-  // head gq against the packed key tile (nkp columns), into ws.s and ws.dp;
-  // on the vector path ws.q and ws.dout keep the block's c_i q_i and dO_i.
-  const auto tile_scores = [&](index_t gq, const RowInfo<T>& ri, index_t i0, index_t nr, index_t nkp) {
-    if (ws.on_unit()) return backward_scores_bf16(a, gq, i0, nr, nkp, ri.c.data(), ws);
+  // head gq against the packed key tile (nkp columns), into columns [j0, j1)
+  // of ws.s and ws.dp; on the vector path ws.q and ws.dout keep the block's
+  // c_i q_i and dO_i.
+  const auto tile_scores = [&](index_t gq, const RowInfo<T>& ri, index_t i0, index_t nr, index_t j0, index_t j1,
+                               index_t nkp) {
+    if (ws.on_unit()) return backward_scores_bf16(a, gq, i0, nr, j0, j1, ri.c.data(), ws);
     const index_t h = hk * group + gq;
     for (index_t r = 0; r < nr; ++r) {
       const T* qi = a.query.row(b, h, i0 + r);
@@ -2152,11 +2174,14 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
       const T* go = a.grad_out.row(b, h, i0 + r);
       std::copy(go, go + Dv, ws.dout.row(r).data());
     }
-    gemm<T>(nr, nkp, D, ws.q.data(), D, 1, ws.kt.data(), nkp, ws.s.data(), lds, false);
-    gemm<T>(nr, nkp, Dv, ws.dout.data(), Dv, 1, ws.vt.data(), nkp, ws.dp.data(), lds, false);
+    // (D or Dv = 0: that Kᵀ or Vᵀ is empty and its data() null, so no offset
+    // is formed from it; gemm then writes products 0 without reading it.)
+    gemm<T>(nr, j1 - j0, D, ws.q.data(), D, 1, D > 0 ? ws.kt.data() + j0 : nullptr, nkp, ws.s.data() + j0, lds,
+            false);
+    gemm<T>(nr, j1 - j0, Dv, ws.dout.data(), Dv, 1, Dv > 0 ? ws.vt.data() + j0 : nullptr, nkp, ws.dp.data() + j0,
+            lds, false);
   };
   if (ws.on_unit()) pack_backward_score_rows_bf16(a, b, hk, group, ws);
-  std::fill(ws.g.begin(), ws.g.end(), T(0));  // g ≡ 0 here: only the weights are wanted
   const index_t near = Stencil::has_halo ? 1 : 0;  // continuum's near keys: ref ± 1
   // Adds key j (weight al in units of e^{m_i}, its dP) to row i's sums.
   const auto add_key = [near](RowInfo<T>& ri, index_t i, index_t j, W al, T dpj) {
@@ -2169,8 +2194,8 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     const W h = W(dpj) - W(ri.dpref[i]);
     (j - ref <= near && ref - j <= near ? ri.e_near[i] : ri.e_far[i]) += al * h;
   };
-  for (index_t k0 = 0; k0 < Lk; k0 += kTile) {
-    const index_t k1 = std::min(k0 + kTile, Lk);
+  for (index_t k0 = 0; k0 < Lk; k0 += kStatsTile) {
+    const index_t k1 = std::min(k0 + kStatsTile, Lk);
     const index_t kk0 = Stencil::has_halo ? std::max<index_t>(k0 - 1, 0) : k0;
     const index_t kk1 = Stencil::has_halo ? std::min(k1 + 1, Lk) : k1;
     const index_t off = k0 - kk0, nk = kk1 - kk0;
@@ -2181,8 +2206,10 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
       for (index_t i0 = 0; i0 < Lq; i0 += kBrBwd) {
         const index_t i1 = std::min(Lq, i0 + kBrBwd);
         const index_t nr = i1 - i0;
-        if (!block_sees(ri, i0, i1, k0, k1)) continue;
-        tile_scores(gq, ri, i0, nr, nkp);
+        // (the right halo's score is read in the next tile, not here)
+        const auto [j0, j1] = block_columns(ri, i0, i1, k0, k1, kk0, k1, nkp);
+        if (j0 >= j1) continue;
+        tile_scores(gq, ri, i0, nr, j0, j1, nkp);
         for (index_t r = 0; r < nr; ++r) {
           const index_t i = i0 + r;
           const index_t lo = ri.range[i].lo, hi = ri.range[i].hi;
@@ -2210,32 +2237,25 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
           // The row's knots here: the left halo (in m already) and the
           // tile's keys, not the right halo: its score is not in m yet, so
           // the segment (last key, k1) is taken in the next tile, at its m.
+          // The weights α e^{-m} are the forward's (row_continuum_weights):
+          // a knot's weight from both its segments here, the half-token cells
+          // of the row's first key (when it is not the held-back one) and
+          // last key; so the held-back key of the previous tile (column 0)
+          // gets its right-hand segment's weight.
           const index_t kv0 = std::max<index_t>(lo - kk0, 0), kv1 = std::min(hi, k1) - kk0;
-          T* e = ws.e.data();
-          row_exp(sr, e, ri.m[i], kv0, kv1);
-          const T* alpha_l = e;  // softmax: α = e
-          const T* alpha_r = nullptr;
-          if constexpr (Stencil::has_halo) {
-            T* ax = ws.ax.data();
-            T* ay = ws.ay.data();
+          T* alpha = ws.e.data();
+          if constexpr (Stencil::has_halo)
             with_accuracy<T>(ws.accuracy, [&](auto acc) {
-              row_segments_backward<T, decltype(acc)::value>(sr, e, ws.g.data(), ax, ay, ws.dx.data(),
-                                                             ws.dy.data(), kv0 + 1, kv1);
+              row_continuum_weights<T, decltype(acc)::value>(sr, ri.m[i], alpha, kv0, kv1, lo >= k0, hi <= k1);
             });
-            ay[kv0] = T(0);
-            ax[kv1 - 1] = T(0);
-            if (lo >= kk0) ay[lo - kk0] += T(0.5) * e[lo - kk0];
-            if (hi <= k1) ax[hi - 1 - kk0] += T(0.5) * e[hi - 1 - kk0];
-            alpha_l = ax;
-            alpha_r = ay;
-          }
+          else
+            row_exp(sr, alpha, ri.m[i], kv0, kv1);  // softmax: α = e
           if (ri.pend_key[i] >= 0) {  // the previous tile's last key, k0 − 1 (column 0)
             W al = ri.pend_alpha[i];
-            if constexpr (Stencil::has_halo) al += W(ws.ax[0]);  // its right-hand segment
+            if constexpr (Stencil::has_halo) al += W(alpha[0]);  // its right-hand segment
             add_key(ri, i, ri.pend_key[i], al, ri.pend_dp[i]);
             ri.pend_key[i] = -1;
           }
-          const auto alpha = [&](index_t cc) { return W(alpha_r ? alpha_l[cc] + alpha_r[cc] : alpha_l[cc]); };
           // The tile's last visible key is held back; far keys (|j − ref| >
           // near) in one vector loop on each side of ref, then ref and its
           // neighbours.
@@ -2245,16 +2265,16 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
           const index_t rc = ref - k0;  // ref's column (may lie outside the tile)
           W zf = 0, ef = 0;
           auto far = [&](index_t c0, index_t c1) {  // (column c is c + off of the halo-extended rows)
-            far_key_sums<T, W>(alpha_l + off, alpha_r ? alpha_r + off : nullptr, dpr + off, dpref, c0, c1, zf, ef);
+            far_key_sums<T, W>(alpha + off, dpr + off, dpref, c0, c1, zf, ef);
           };
           far(ov0, std::min(last, std::max(ov0, rc - near)));
           far(std::max(ov0, std::min(last, rc + near + 1)), last);
           ri.a_other[i] += zf;
           ri.e_far[i] += ef;
           for (index_t c = std::max(ov0, rc - near); c < std::min(last, rc + near + 1); ++c)
-            add_key(ri, i, k0 + c, alpha(c + off), dpr[c + off]);
+            add_key(ri, i, k0 + c, W(alpha[c + off]), dpr[c + off]);
           ri.pend_key[i] = k0 + last;
-          ri.pend_alpha[i] = alpha(last + off);
+          ri.pend_alpha[i] = W(alpha[last + off]);
           ri.pend_dp[i] = dpr[last + off];
         }
       }
@@ -2316,8 +2336,9 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
       for (index_t i0 = 0; i0 < Lq; i0 += kBrBwd) {
         const index_t i1 = std::min(Lq, i0 + kBrBwd);
         const index_t nr = i1 - i0;
-        if (!block_sees(ri, i0, i1, k0, k1)) continue;
-        tile_scores(gq, ri, i0, nr, nkp);
+        const auto [j0, j1] = block_columns(ri, i0, i1, k0, k1, kk0, kk1, nkp);
+        if (j0 >= j1) continue;
+        tile_scores(gq, ri, i0, nr, j0, j1, nkp);
 
         for (index_t r = 0; r < nr; ++r) {
           const index_t i = i0 + r;
