@@ -136,8 +136,10 @@ TEMPLATE_TEST_CASE("tiled backward matches the reference across tile boundaries"
 // and gives a row's first and last keys their half-token cells. Rows whose
 // range starts or ends at the keys around a statistics tile boundary (the
 // first row starts at the previous tile's last key, so that key is both held
-// back and the row's first) take each of these paths; against the 256-bit
-// reference, within the backward tolerance.
+// back and the row's first) take each of these paths; then a band of rows
+// over three query blocks, whose blocks read only some columns of a tile
+// (both sweeps form S and dP on those only). Against the 256-bit reference,
+// within the backward tolerance.
 TEMPLATE_TEST_CASE("tiled backward: ranges that start or end at a statistics tile boundary", "[operator][tiled]",
                    float, double) {
   use_mp_precision();
@@ -148,9 +150,13 @@ TEMPLATE_TEST_CASE("tiled backward: ranges that start or end at a statistics til
   c.Lk = 2 * tile + 9;
   const index_t lo[] = {tile - 1, tile - 2, tile, tile + 1, 3, tile - 1, 2 * tile - 1, 0};
   const index_t hi[] = {c.Lk, tile + 40, 2 * tile, 2 * tile + 1, tile, tile + 1, c.Lk, 2 * tile - 1};
-  c.Lq = index_t(std::size(lo));
   c.range_lo.assign(std::begin(lo), std::end(lo));
   c.range_hi.assign(std::begin(hi), std::end(hi));
+  for (index_t i = 0; i < 136; ++i) {  // the band: rows 8 … 143, keys [7i, 7i + 41)
+    c.range_lo.push_back(7 * i);
+    c.range_hi.push_back(7 * i + 41);
+  }
+  c.Lq = index_t(c.range_lo.size());
   c.D = 5;
   c.Dv = 3;
   c.tau = TestType(0.3);

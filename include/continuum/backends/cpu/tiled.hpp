@@ -112,9 +112,10 @@ inline constexpr index_t kSplitKeys = 2048;
 static_assert(kSplitKeys % kBc == 0, "a decode chunk holds whole key tiles");
 inline constexpr index_t kBrBwd = 64;   // query rows per tile (backward)
 inline constexpr index_t kBcBwd = 128;  // keys per tile (backward)
-/// Keys per tile of the backward's statistics sweep (halos included): it
-/// forms only S, dP and per-row sums, so its tiles are as wide as the
-/// forward's, and each row's maximum, rescaling and sums run once per 512 keys.
+/// Columns per tile of the backward's statistics sweep (continuum: 510 keys
+/// between two halo keys): it keeps only S, dP and the packed K and V, so its
+/// tiles are wide, and each row's maximum, re-basing and sums run once per 510
+/// keys, not once per 126 (MATH.md §6, "one sweep").
 inline constexpr index_t kBcStats = 512;
 /// Keys per block of the magnitude pass's range maxima (row_eligibility).
 inline constexpr index_t kNormBlock = 128;
@@ -1688,13 +1689,13 @@ struct BackwardWorkspace {
   RowMatrix<T> dout; // kBrBwd × Dv
   // S and dP tiles, and K and V as their B sides, hold a tile of either
   // sweep: kBcStats (statistics) or kBcBwd (gradients) keys, halos included.
-  RowMatrix<T> kt, vt;  // D × (kBcStats + pad), Dv × (…): key/value tile transposed
-  RowMatrix<T> s;    // kBrBwd × (kBcStats + pad): keys [k0 - 1, k1 + 1)
-  RowMatrix<T> dp;   // kBrBwd × (kBcStats + pad)
+  RowMatrix<T> kt, vt;  // D × (kBcStats + 2 + pad), Dv × (…): key/value tile transposed
+  RowMatrix<T> s;    // kBrBwd × (kBcStats + 2 + pad): keys [k0 - 1, k1 + 1)
+  RowMatrix<T> dp;   // kBrBwd × (kBcStats + 2 + pad)
   RowMatrix<T> p;    // kBrBwd × kBcBwd
   RowMatrix<T> ds;   // kBrBwd × kBcBwd
   RowMatrix<T> dk, dv;  // kBcBwd × D, kBcBwd × Dv
-  std::vector<T> e;  // kBcStats + pad: a row's weights (statistics) or e^{s - m}/Z (gradients)
+  std::vector<T> e;  // kBcStats + 2 + 2 pad: a row's weights (statistics) or e^{s - m}/Z (gradients)
   std::vector<T> g, ax, ay, dx, dy;
   // Per row of the tile: its visible key columns [ov0, ov1) and keys [kb, ke);
   // per key column: the rows [rb, re) that see it (key_range_gemm).
