@@ -265,7 +265,7 @@ double max_abs_of(const Tensor<float>& t) {
   return m;
 }
 
-/// The 640-bit reference of a case: its problem, forward and backward, and
+/// The 256-bit reference of a case: its problem, forward and backward, and
 /// each gradient element's term scales (harness.hpp's grad_term_scales), which
 /// the bfloat16 units' gradient bound is relative to (MATH.md §10).
 struct ReferenceRun {

@@ -252,6 +252,47 @@ TEST_CASE("the library's visible_range equals the reference's, windows up to INT
   }
 }
 
+TEST_CASE("reference moments: the Taylor branch keeps the working precision (64, 256 and 640 bits)",
+          "[reference][moments]") {
+  // |a| ≤ 1 takes the Taylor series (reference.hpp); each of the six moments
+  // at precision p against its closed form (MATH.md §5) evaluated at 4p + 256
+  // bits, where the closed forms' cancellation (≤ 3 log2(1/|a|) bits, 60 at
+  // |a| = 2^-20) is absorbed. Bound 2^-(p-8) relative: ~60 rounded additions
+  // of partial sums ≤ e·|result| (alternating terms, |a| ≤ 1) give < 2^7 ulp.
+  // A fixed count of 80 terms leaves 1/80! ≈ 2^-390 at |a| = 1: too few at 640 bits.
+  struct Restore {
+    mpfr_prec_t prec = mp::get_default_prec();
+    ~Restore() { mp::set_default_prec(prec); }
+  } restore;
+  using M = mp (*)(const mp&);
+  struct Moment {
+    const char* name;
+    M reference;
+    M closed;  // MATH.md §5, in the precision of its argument
+  };
+  const Moment moments[] = {
+      {"mu0", ref::moments::mu0<mp>, [](const mp& a) { return mp(expm1(a) / a); }},
+      {"mu1", ref::moments::mu1<mp>, [](const mp& a) { return mp((a * exp(a) - expm1(a)) / (a * a)); }},
+      {"mu2", ref::moments::mu2<mp>,
+       [](const mp& a) { return mp((exp(a) * ((a - 2) * a + 2) - 2) / (a * a * a)); }},
+      {"nu", ref::moments::nu<mp>, [](const mp& a) { return mp((expm1(a) - a) / (a * a)); }},
+      {"kappa", ref::moments::kappa<mp>, [](const mp& a) { return mp(((a - 2) * exp(a) + a + 2) / (a * a * a)); }},
+      {"nu2", ref::moments::nu2<mp>,
+       [](const mp& a) { return mp(-((a + 2) * a + 2 - 2 * exp(a)) / (a * a * a)); }},
+  };
+  for (const mpfr_prec_t p : {64, 256, 640})
+    for (const double a : {-1.0, -0.75, -0.3, -1e-3, -0x1p-20, 0x1p-20, 0.5, 1.0})
+      for (const Moment& m : moments) {
+        mp::set_default_prec(p);
+        const mp got = m.reference(mp(a));
+        mp::set_default_prec(4 * p + 256);
+        const mp want = m.closed(mp(a));
+        const double rel = static_cast<double>(abs(mp(got) - want) / abs(want));
+        INFO(m.name << "(" << a << ") at " << p << " bits: relative error " << rel);
+        CHECK(rel <= std::ldexp(1.0, -int(p) + 8));
+      }
+}
+
 TEST_CASE("long double reference agrees with the 256-bit reference", "[reference]") {
   precision();
   // The long double reference is used for shapes too large for mpreal. Its

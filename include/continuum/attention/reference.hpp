@@ -9,9 +9,10 @@
 //
 // The moments are evaluated as
 //   * |a| ≤ 1: the Taylor series μ_k(a) = Σ a^m/(m!(m+k+1)) (and the matching
-//     series of ν, κ, ν2, μ2), 80 terms: 1/80! < 2^-390, so the truncation is
-//     below 200-bit rounding; the terms alternate in sign but |a| ≤ 1 keeps the
-//     cancellation to a factor ≤ e, i.e. < 2 bits;
+//     series of ν, κ, ν2, μ2), summed until a term no longer changes the sum:
+//     the terms then shrink at least twofold each, so the truncation is below
+//     one ulp at any precision of R; the terms alternate in sign but |a| ≤ 1
+//     keeps the cancellation to a factor ≤ e, i.e. < 2 bits;
 //   * |a| > 1: the closed forms of MATH.md §5. Their cancellation is largest at
 //     |a| = 1 (κ: 1 - 3/e ≈ 0.10 against terms ≈ 1, ~4 bits), so the result
 //     keeps ≥ precision - 5 bits: ≥ 195 bits in mpreal(200), ≥ 59 in long double.
@@ -50,14 +51,20 @@ namespace reference {
 
 namespace moments {
 
-/// Σ_{m=0}^{79} a^m/m! · coef(m), for |a| ≤ 1.
-template <class R, class C>
-R taylor(const R& a, C coef) {
-  R sum = R(0);
+/// Σ_m a^m/m! / den(m), for |a| ≤ 1 and positive integers den(m) that do not
+/// decrease: summed until a term no longer changes the sum (at most 400 terms).
+/// From there each term is at most half the one before (|a|/(m+1) ≤ 1/2), so
+/// the terms left out add up to less than one ulp of the sum, at any precision of R.
+template <class R, class Den>
+R taylor(const R& a, Den den) {
   R term = R(1);  // a^m / m!
-  for (int m = 0; m < 80; ++m) {
-    sum += term * coef(m);
-    term = term * a / R(m + 1);
+  R sum = term / den(0);
+  for (long m = 1; m < 400; ++m) {
+    term *= a;
+    term /= m;
+    const R next = sum + term / den(m);
+    if (next == sum) break;
+    sum = next;
   }
   return sum;
 }
@@ -71,7 +78,7 @@ bool small(const R& a) {
 template <class R>
 R mu0(const R& a) {
   using std::expm1;
-  if (small(a)) return taylor(a, [](int m) { return R(1) / R(m + 1); });
+  if (small(a)) return taylor(a, [](long m) { return m + 1; });
   return expm1(a) / a;
 }
 /// μ1(a) = ∫_0^1 u e^{au} du = (a e^a - expm1(a))/a².
@@ -79,35 +86,35 @@ template <class R>
 R mu1(const R& a) {
   using std::exp;
   using std::expm1;
-  if (small(a)) return taylor(a, [](int m) { return R(1) / R(m + 2); });
+  if (small(a)) return taylor(a, [](long m) { return m + 2; });
   return ((a * exp(a) - expm1(a)) / a) / a;
 }
 /// μ2(a) = ∫_0^1 u² e^{au} du = (e^a (a² - 2a + 2) - 2)/a³.
 template <class R>
 R mu2(const R& a) {
   using std::exp;
-  if (small(a)) return taylor(a, [](int m) { return R(1) / R(m + 3); });
+  if (small(a)) return taylor(a, [](long m) { return m + 3; });
   return (((exp(a) * ((a - R(2)) * a + R(2)) - R(2)) / a) / a) / a;
 }
 /// ν(a) = ∫_0^1 (1-u) e^{au} du = (expm1(a) - a)/a².
 template <class R>
 R nu(const R& a) {
   using std::expm1;
-  if (small(a)) return taylor(a, [](int m) { return R(1) / (R(m + 1) * R(m + 2)); });
+  if (small(a)) return taylor(a, [](long m) { return (m + 1) * (m + 2); });
   return ((expm1(a) - a) / a) / a;
 }
 /// κ(a) = ∫_0^1 u(1-u) e^{au} du = ((a-2) e^a + a + 2)/a³.
 template <class R>
 R kappa(const R& a) {
   using std::exp;
-  if (small(a)) return taylor(a, [](int m) { return R(1) / (R(m + 2) * R(m + 3)); });
+  if (small(a)) return taylor(a, [](long m) { return (m + 2) * (m + 3); });
   return ((((a - R(2)) * exp(a) + a + R(2)) / a) / a) / a;
 }
 /// ν2(a) = ∫_0^1 (1-u)² e^{au} du = (a² + 2a + 2 - 2 e^a)/(-a³).
 template <class R>
 R nu2(const R& a) {
   using std::exp;
-  if (small(a)) return taylor(a, [](int m) { return R(2) / (R(m + 1) * R(m + 2) * R(m + 3)); });
+  if (small(a)) return R(2) * taylor(a, [](long m) { return (m + 1) * (m + 2) * (m + 3); });
   return -((((a + R(2)) * a + R(2) - R(2) * exp(a)) / a) / a) / a;
 }
 
