@@ -58,6 +58,13 @@ void setup(Case<T>& c, int shape, int vis, int kernel, std::uint64_t salt) {
   c.fill_uniform(rng);
 }
 
+/// The arithmetic a storage type's calls are checked in: float storage in
+/// float (true) and in double (Compute::float64); double in double.
+template <class T>
+std::vector<bool> float_arithmetic_modes() {
+  return std::is_same<T, float>::value ? std::vector<bool>{true, false} : std::vector<bool>{false};
+}
+
 /// A float call's outputs and gradients, to compare runs bit for bit.
 struct Outputs {
   std::vector<float> o, lse, dq, dk, dv;
@@ -83,22 +90,24 @@ TEMPLATE_TEST_CASE("tiled forward matches the reference across tile boundaries",
   const int shape = GENERATE(0, 1, 2, 3, 4);
   const int vis = GENERATE(0, 1, 3, 5, 6);
   const int kernel = GENERATE(0, 1);
-  const bool fa = std::is_same<TestType, float>::value ? GENERATE(false, true) : false;
   Case<TestType> c;
   setup(c, shape, vis, kernel, std::uint64_t(100 * shape + 10 * vis + kernel));
-  run_forward(c, fa);
   const auto p = c.template problem<mp>();
   const auto f = continuum::reference::forward(p);
   const double tol = forward_tolerance<TestType>(max_abs(f.scores), c.D);
-  const Error out = compare(c.o.contiguous(), f.out);
-  const Error lse = compare(c.lse, f.lse);
-  INFO("shape " << shape << " vis " << vis << " kernel " << kernel << " float_arithmetic " << fa << " Lq=" << c.Lq
-                << " Lk=" << c.Lk << " tol " << tol << " out err " << out.max_abs << "/" << out.ref_scale
-                << " lse err " << lse.max_abs);
-  record(std::string("tiled forward out ") + (fa ? "float_arithmetic " : "") + type_name<TestType>(), out.rel());
-  CHECK(out.max_abs <= tol * std::max(out.ref_scale, 1e-300));
-  CHECK(lse.max_abs <= tol * std::max(1.0, lse.ref_scale));
-  CHECK(c.o.padding_untouched());
+  // float storage: in float, then in double, against the one reference.
+  for (const bool fa : float_arithmetic_modes<TestType>()) {
+    run_forward(c, fa);
+    const Error out = compare(c.o.contiguous(), f.out);
+    const Error lse = compare(c.lse, f.lse);
+    INFO("shape " << shape << " vis " << vis << " kernel " << kernel << " float_arithmetic " << fa << " Lq=" << c.Lq
+                  << " Lk=" << c.Lk << " tol " << tol << " out err " << out.max_abs << "/" << out.ref_scale
+                  << " lse err " << lse.max_abs);
+    record(std::string("tiled forward out ") + (fa ? "float_arithmetic " : "") + type_name<TestType>(), out.rel());
+    CHECK(out.max_abs <= tol * std::max(out.ref_scale, 1e-300));
+    CHECK(lse.max_abs <= tol * std::max(1.0, lse.ref_scale));
+    CHECK(c.o.padding_untouched());
+  }
 }
 
 TEMPLATE_TEST_CASE("tiled backward matches the reference across tile boundaries", "[operator][tiled]", float,
@@ -107,28 +116,29 @@ TEMPLATE_TEST_CASE("tiled backward matches the reference across tile boundaries"
   const int shape = GENERATE(0, 3, 4);
   const int vis = GENERATE(0, 3);
   const int kernel = GENERATE(0, 1);
-  const bool fa = std::is_same<TestType, float>::value ? GENERATE(false, true) : false;
   Case<TestType> c;
   setup(c, shape, vis, kernel, std::uint64_t(7000 + 100 * shape + 10 * vis + kernel));
-  run_forward(c, fa);
-  run_backward(c, fa);
   const auto p = c.template problem<mp>();
   const auto g = continuum::reference::backward(p, c.template grad_out_ref<mp>());
   const auto f = continuum::reference::forward(p);
   const double tol = backward_tolerance<TestType>(max_abs(f.scores), c.D);
-  const Error dq = compare(c.dq.contiguous(), g.grad_query);
-  const Error dk = compare(c.dk.contiguous(), g.grad_key);
-  const Error dv = compare(c.dv.contiguous(), g.grad_value);
-  INFO("shape " << shape << " vis " << vis << " kernel " << kernel << " float_arithmetic " << fa << " tol " << tol
-                << " dQ " << dq.max_abs << "/" << dq.ref_scale << " dK " << dk.max_abs << "/" << dk.ref_scale
-                << " dV " << dv.max_abs << "/" << dv.ref_scale);
-  const std::string t = std::string(fa ? "float_arithmetic " : "") + type_name<TestType>();
-  record("tiled backward dQ " + t, dq.rel());
-  record("tiled backward dK " + t, dk.rel());
-  record("tiled backward dV " + t, dv.rel());
-  CHECK(dq.max_abs <= tol * std::max(dq.ref_scale, 1e-300));
-  CHECK(dk.max_abs <= tol * std::max(dk.ref_scale, 1e-300));
-  CHECK(dv.max_abs <= tol * std::max(dv.ref_scale, 1e-300));
+  for (const bool fa : float_arithmetic_modes<TestType>()) {
+    run_forward(c, fa);
+    run_backward(c, fa);
+    const Error dq = compare(c.dq.contiguous(), g.grad_query);
+    const Error dk = compare(c.dk.contiguous(), g.grad_key);
+    const Error dv = compare(c.dv.contiguous(), g.grad_value);
+    INFO("shape " << shape << " vis " << vis << " kernel " << kernel << " float_arithmetic " << fa << " tol " << tol
+                  << " dQ " << dq.max_abs << "/" << dq.ref_scale << " dK " << dk.max_abs << "/" << dk.ref_scale
+                  << " dV " << dv.max_abs << "/" << dv.ref_scale);
+    const std::string t = std::string(fa ? "float_arithmetic " : "") + type_name<TestType>();
+    record("tiled backward dQ " + t, dq.rel());
+    record("tiled backward dK " + t, dk.rel());
+    record("tiled backward dV " + t, dv.rel());
+    CHECK(dq.max_abs <= tol * std::max(dq.ref_scale, 1e-300));
+    CHECK(dk.max_abs <= tol * std::max(dk.ref_scale, 1e-300));
+    CHECK(dv.max_abs <= tol * std::max(dv.ref_scale, 1e-300));
+  }
 }
 
 // The backward's statistics sweep holds back each tile's last visible key
