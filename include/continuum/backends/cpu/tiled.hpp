@@ -985,58 +985,115 @@ inline T row_exp_sum(const T* s, T m, T* w, index_t c0, index_t c1) {
   }
 }
 
-/// e[c] = e^{s[c] - m} for c in [c0, c1).
+/// e[c] = e^{s[c] - m} · scale for c in [c0, c1). Vector lanes also write
+/// e on [c1, c1 + W - 1).
 template <class T>
-inline void row_exp(const T* s, T* e, T m, index_t c0, index_t c1) {
+inline void row_exp(const T* s, T* e, T m, index_t c0, index_t c1, T scale = T(1)) {
 #if defined(CONTINUUM_CPU_SIMD)
   if constexpr (kVector<T>) {
     using S = Simd<T>;
-    for (index_t c = c0; c < c1; c += S::W) S::store(e + c, VectorOps<T>::exp_clamped(S::load(s + c) - m));
+    for (index_t c = c0; c < c1; c += S::W) S::store(e + c, VectorOps<T>::exp_clamped(S::load(s + c) - m) * scale);
     return;
   }
 #endif
 #pragma omp simd
-  for (index_t c = c0; c < c1; ++c) e[c] = exp_clamped(s[c] - m);
+  for (index_t c = c0; c < c1; ++c) e[c] = exp_clamped(s[c] - m) * scale;
 }
 
-/// Backward terms of the segments (c-1, c), c in [c0, c1), with g = dP - Dl:
-/// ax/dx[c-1] the weight / dS part knot c-1 gets from its right segment,
-/// ay/dy[c] those knot c gets from its left segment. Tail lanes also write
-/// ay/dy[c1 …] and ax/dx[c1 - 1 …].
+/// The gradient sweep's P and dS of one row (MATH.md §6), fused: the knots
+/// c0 … c1-1 of the row buffers s, e and dp are visible (c1 > c0), e[c] =
+/// e^{s[c] - m}/Z on [c0, c1) (the caller's), and g_c = (dp[c] − dpref) − δ.
+/// Segment (c-1, c) gives knot c-1 its right-hand weight and dS term, knot c
+/// its left-hand ones; the first knot has the flat half-token cell (weight
+/// e/2, dS term e g/2) when `half_lo`, the last when `half_hi`. Knot c's P and
+/// dS go to p[c - off] and ds[c - off], for c ≥ off (the knots before `off`
+/// are halo keys: their terms only feed their neighbours). s, e and dp are
+/// read on [c0, c1 + W - 1); p and ds are written on [max(c0, off) - off,
+/// c1 - off + W - 2) (zeros past the last knot): all carry W spare elements.
 template <class T, StencilAccuracy A = StencilAccuracy::full>
-inline void row_segments_backward(const T* s, const T* e, const T* g, T* ax, T* ay, T* dx, T* dy, index_t c0,
-                                  index_t c1) {
+inline void row_gradient_terms(const T* s, const T* e, const T* dp, T dpref, T delta, index_t c0, index_t c1,
+                               bool half_lo, bool half_hi, index_t off, T* p, T* ds) {
+  const auto g_at = [&](index_t c) { return (dp[c] - dpref) - delta; };  // h − δ: exact 0 − δ at ref
+  // The first knot's left-hand terms: its half-token cell, or nothing.
+  const T left_w0 = half_lo ? T(0) + T(0.5) * e[c0] : T(0);
+  const T left_d0 = half_lo ? T(0) + T(0.5) * e[c0] * g_at(c0) : T(0);
+  T last_w = left_w0, last_d = left_d0;  // the last knot's left-hand terms
 #if defined(CONTINUUM_CPU_SIMD)
   if constexpr (kVector<T>) {
   using S = Simd<T>;
   using V = typename S::v;
-  for (index_t c = c0; c < c1; c += S::W) {
+  using VI = typename S::vi;
+  using O = VectorOps<T>;
+  VI lane{};
+  for (int k = 0; k < S::W; ++k) lane[k] = k;
+  V left_w_prev = O::splat(left_w0), left_d_prev = O::splat(left_d0);  // lane W-1: knot c - 1's
+  // Lane k handles the segment (j - 1, j), j = c + k < c1, and completes knot
+  // j - 1. In the last, partial vector the lanes j ≥ c1 write 0 and take b = 0.
+  const auto step = [&](index_t c, auto partial) {
+    constexpr bool kPartial = decltype(partial)::value;
     const V x = S::load(s + c - 1), y = S::load(s + c);
-    const V b = x > y ? x - y : y - x;
+    V b = x > y ? x - y : y - x;
+    VI valid{};
+    if constexpr (kPartial) {
+      valid = (lane + typename SimdInt<T>::type(c)) < typename SimdInt<T>::type(c1);
+      b = valid ? b : V{};
+    }
     V near, far, dnear, dfar, cpl;
-    VectorOps<T>::template segment_terms<A>(b, S::load(e + c - 1), S::load(e + c), near, far, dnear, dfar, cpl);
-    const V gx = S::load(g + c - 1), gy = S::load(g + c);
-    const auto xn = x >= y, yn = y >= x;
-    S::store(ax + c - 1, xn ? near : far);
-    S::store(ay + c, yn ? near : far);
-    S::store(dx + c - 1, gx * (xn ? dnear : dfar) + gy * cpl);
-    S::store(dy + c, gy * (yn ? dnear : dfar) + gx * cpl);
+    O::template segment_terms<A>(b, S::load(e + c - 1), S::load(e + c), near, far, dnear, dfar, cpl);
+    const V gx = (S::load(dp + c - 1) - dpref) - delta, gy = (S::load(dp + c) - dpref) - delta;
+    const auto xn = x >= y, yn = y >= x;  // which knot takes the near weight (ties: both)
+    const V left_w = yn ? near : far, left_d = gy * (yn ? dnear : dfar) + gx * cpl;  // knot j's
+    V pw = (xn ? near : far) + shift_in<T>(left_w_prev, left_w);                       // knot j - 1's
+    V pd = (gx * (xn ? dnear : dfar) + gy * cpl) + shift_in<T>(left_d_prev, left_d);
+    if constexpr (kPartial) {
+      pw = valid ? pw : V{};
+      pd = valid ? pd : V{};
+    }
+    if (c - 1 >= off) {
+      S::store(p + (c - 1 - off), pw);
+      S::store(ds + (c - 1 - off), pd);
+    } else {  // knot c - 1 is a halo key (the first vector only)
+      for (int k = int(off - (c - 1)); k < S::W; ++k) {
+        p[c - 1 + k - off] = pw[k];
+        ds[c - 1 + k - off] = pd[k];
+      }
+    }
+    left_w_prev = left_w;
+    left_d_prev = left_d;
+  };
+  index_t c = c0 + 1;
+  for (; c + S::W <= c1; c += S::W) step(c, std::false_type{});
+  if (c < c1) step(c, std::true_type{});
+  if (c1 > c0 + 1) {  // knot c1 - 1 sits in the last vector handled
+    const index_t k = (c1 - 1 - (c0 + 1)) % S::W;
+    last_w = left_w_prev[k];
+    last_d = left_d_prev[k];
   }
-  return;
-  }
+  } else
 #endif
-#pragma omp simd
-  for (index_t c = c0; c < c1; ++c) {
-    const T x = s[c - 1], y = s[c];
+  {
+  T left_w = left_w0, left_d = left_d0;
+  for (index_t j = c0 + 1; j < c1; ++j) {
+    const T x = s[j - 1], y = s[j];
     const T b = x > y ? x - y : y - x;
     T near, far, dnear, dfar, cpl;
-    segment_terms<T, A>(b, e[c - 1], e[c], near, far, dnear, dfar, cpl);
+    segment_terms<T, A>(b, e[j - 1], e[j], near, far, dnear, dfar, cpl);
+    const T gx = g_at(j - 1), gy = g_at(j);
     const bool xn = x >= y, yn = y >= x;
-    ax[c - 1] = xn ? near : far;
-    ay[c] = yn ? near : far;
-    dx[c - 1] = g[c - 1] * (xn ? dnear : dfar) + g[c] * cpl;
-    dy[c] = g[c] * (yn ? dnear : dfar) + g[c - 1] * cpl;
+    if (j - 1 >= off) {
+      p[j - 1 - off] = (xn ? near : far) + left_w;
+      ds[j - 1 - off] = (gx * (xn ? dnear : dfar) + gy * cpl) + left_d;
+    }
+    left_w = yn ? near : far;
+    left_d = gy * (yn ? dnear : dfar) + gx * cpl;
   }
+  last_w = left_w;
+  last_d = left_d;
+  }
+  // The last knot: its end half-cell (when it has one) and its left-hand terms.
+  const index_t cl = c1 - 1;
+  p[cl - off] = (half_hi ? T(0) + T(0.5) * e[cl] : T(0)) + last_w;
+  ds[cl - off] = (half_hi ? T(0) + T(0.5) * e[cl] * g_at(cl) : T(0)) + last_d;
 }
 
 // ---------------------------------------------------------------------------
@@ -1692,11 +1749,10 @@ struct BackwardWorkspace {
   RowMatrix<T> kt, vt;  // D × (kBcStats + 2 + pad), Dv × (…): key/value tile transposed
   RowMatrix<T> s;    // kBrBwd × (kBcStats + 2 + pad): keys [k0 - 1, k1 + 1)
   RowMatrix<T> dp;   // kBrBwd × (kBcStats + 2 + pad)
-  RowMatrix<T> p;    // kBrBwd × kBcBwd
-  RowMatrix<T> ds;   // kBrBwd × kBcBwd
+  RowMatrix<T> p;    // kBrBwd × (kBcBwd + pad): P of the tile's keys (vector tails write the pad)
+  RowMatrix<T> ds;   // kBrBwd × (kBcBwd + pad): dS
   RowMatrix<T> dk, dv;  // kBcBwd × D, kBcBwd × Dv
   std::vector<T> e;  // kBcStats + 2 + 2 pad: a row's weights (statistics) or e^{s - m}/Z (gradients)
-  std::vector<T> g, ax, ay, dx, dy;
   // Per row of the tile: its visible key columns [ov0, ov1) and keys [kb, ke);
   // per key column: the rows [rb, re) that see it (key_range_gemm).
   std::vector<index_t> ov0 = std::vector<index_t>(kBrBwd), ov1 = std::vector<index_t>(kBrBwd),
@@ -1736,9 +1792,8 @@ struct BackwardWorkspace {
   bool any_dk_small = false, any_dv_small = false, any_dq_small = false;
   BackwardWorkspace(index_t D, index_t Dv, bf16::Unit on = bf16::Unit::none)
       : q(kBrBwd, D), dout(kBrBwd, Dv), kt(D, kBcStats + 2 + kPad<T>), vt(Dv, kBcStats + 2 + kPad<T>),
-        s(kBrBwd, kBcStats + 2 + kPad<T>), dp(kBrBwd, kBcStats + 2 + kPad<T>), p(kBrBwd, kBcBwd), ds(kBrBwd, kBcBwd),
-        dk(kBcBwd, D), dv(kBcBwd, Dv), e(kBcStats + 2 + 2 * kPad<T>), g(kBcBwd + 2 + 2 * kPad<T>), ax(kBcBwd + 2 + 2 * kPad<T>),
-        ay(kBcBwd + 2 + 2 * kPad<T>), dx(kBcBwd + 2 + 2 * kPad<T>), dy(kBcBwd + 2 + 2 * kPad<T>), unit(on) {
+        s(kBrBwd, kBcStats + 2 + kPad<T>), dp(kBrBwd, kBcStats + 2 + kPad<T>), p(kBrBwd, kBcBwd + kPad<T>), ds(kBrBwd, kBcBwd + kPad<T>),
+        dk(kBcBwd, D), dv(kBcBwd, Dv), e(kBcStats + 2 + 2 * kPad<T>), unit(on) {
     if (on_unit()) {
       Dp = round_up(D, bf16::kStep);
       Dvq = round_up(Dv, bf16::kStep);
@@ -2359,48 +2414,18 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
           ws.ov1[r] = ov1;
           ws.kb[r] = k0 + ov0;
           ws.ke[r] = k0 + ov1;
-          T* e = ws.e.data();
-          T* g = ws.g.data();
-          row_exp(sr, e, m, kv0, kv1);
-#pragma omp simd
-          for (index_t c = kv0; c < kv1; ++c) {
-            e[c] *= inv_l;
-            g[c] = (dpr[c] - dpref) - delta;  // h − δ: exact 0 − δ at ref
-          }
           W dts = 0;
           if constexpr (Stencil::has_halo) {
-            T* ax = ws.ax.data();  // weight a knot gets from its right-hand segment
-            T* ay = ws.ay.data();  // … from its left-hand segment
-            T* dx = ws.dx.data();  // dS contributions from the right-hand segment
-            T* dy = ws.dy.data();  // … from the left-hand segment
+            T* e = ws.e.data();  // e^{s - m}/Z of the row's knots
+            row_exp(sr, e, m, kv0, kv1, inv_l);
             with_accuracy<T>(ws.accuracy, [&](auto acc) {
-              row_segments_backward<T, decltype(acc)::value>(sr, e, g, ax, ay, dx, dy, kv0 + 1, kv1);
+              row_gradient_terms<T, decltype(acc)::value>(sr, e, dpr, dpref, delta, kv0, kv1, lo >= kk0,
+                                                          hi <= kk1, off, pr, dsr);
             });
-            ay[kv0] = T(0);
-            dy[kv0] = T(0);
-            ax[kv1 - 1] = T(0);  // (also clears what the tail lanes wrote there)
-            dx[kv1 - 1] = T(0);
-            // Flat half-token cells: weight e^s/2, its own derivative.
-            if (lo >= kk0) {
-              ay[lo - kk0] += T(0.5) * e[lo - kk0];
-              dy[lo - kk0] += T(0.5) * e[lo - kk0] * g[lo - kk0];
-            }
-            if (hi <= kk1) {
-              ax[hi - 1 - kk0] += T(0.5) * e[hi - 1 - kk0];
-              dx[hi - 1 - kk0] += T(0.5) * e[hi - 1 - kk0] * g[hi - 1 - kk0];
-            }
-#pragma omp simd
-            for (index_t c = ov0; c < ov1; ++c) {
-              const index_t cc = c + off;
-              pr[c] = ax[cc] + ay[cc];
-              dsr[c] = dx[cc] + dy[cc];
-            }
           } else {
+            row_exp(sr, pr, m, ov0, ov1, inv_l);  // softmax: P = e^{s - m}/Z (off = 0)
 #pragma omp simd
-            for (index_t c = ov0; c < ov1; ++c) {
-              pr[c] = e[c];
-              dsr[c] = e[c] * g[c];
-            }
+            for (index_t c = ov0; c < ov1; ++c) dsr[c] = pr[c] * ((dpr[c] - dpref) - delta);
           }
           // dτ's Σ dS·(s − m) (Σ dS = 0: shift-free), only when dτ is wanted.
           if (want_dtau) dts = shifted_dot<T, W>(dsr, sr + off, m, ov0, ov1);
