@@ -799,6 +799,18 @@ template <class T>
 inline typename Simd<T>::v shift_in(typename Simd<T>::v prev, typename Simd<T>::v cur) {
   return shift_in_impl<typename Simd<T>::v, Simd<T>::W>(prev, cur, std::make_integer_sequence<int, Simd<T>::W>{});
 }
+
+/// Runs step(c, std::false_type{}) on each whole vector of segments (c - 1 + k,
+/// c + k), k < W, of the knots c0 … c1-1, then step(c, std::true_type{}) on the
+/// partial last one; returns the lane of knot c1 - 1 in the last vector handled,
+/// or -1 when there is one knot (no segment).
+template <int W, class Step>
+inline int for_segment_vectors(index_t c0, index_t c1, Step&& step) {
+  index_t c = c0 + 1;
+  for (; c + W <= c1; c += W) step(c, std::false_type{});
+  if (c < c1) step(c, std::true_type{});
+  return c1 > c0 + 1 ? int((c1 - 1 - (c0 + 1)) % W) : -1;
+}
 #endif
 
 /// Continuum stencil weights of one row, fused (MATH.md §4–§5): the knots
@@ -855,11 +867,8 @@ inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bo
   // shortens that loop's dependency chain, so more of its iterations overlap;
   // the values are the same.
   for (index_t c = c0 + 1; c < c1; c += S::W) S::store(w + c, O::exp_clamped(S::load(s + c) - m));
-  index_t c = c0 + 1;
-  for (; c + S::W <= c1; c += S::W) step(c, std::false_type{});
-  if (c < c1) step(c, std::true_type{});
-  if (c1 > c0 + 1) {  // knot c1 - 1 sits in the last vector handled
-    const index_t k = (c1 - 1 - (c0 + 1)) % S::W;
+  const int k = for_segment_vectors<S::W>(c0, c1, step);
+  if (k >= 0) {  // knot c1 - 1 sits in lane k of the last vector handled
     last_left = left_prev[k];
     last_e = e_prev[k];
   }
@@ -1061,11 +1070,8 @@ inline void row_gradient_terms(const T* s, const T* e, const T* dp, T dpref, T d
     left_w_prev = left_w;
     left_d_prev = left_d;
   };
-  index_t c = c0 + 1;
-  for (; c + S::W <= c1; c += S::W) step(c, std::false_type{});
-  if (c < c1) step(c, std::true_type{});
-  if (c1 > c0 + 1) {  // knot c1 - 1 sits in the last vector handled
-    const index_t k = (c1 - 1 - (c0 + 1)) % S::W;
+  const int k = for_segment_vectors<S::W>(c0, c1, step);
+  if (k >= 0) {  // knot c1 - 1 sits in lane k of the last vector handled
     last_w = left_w_prev[k];
     last_d = left_d_prev[k];
   }
