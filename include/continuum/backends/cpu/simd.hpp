@@ -10,7 +10,7 @@
 
 #include "isa.hpp"  // CONTINUUM_CPU_SIMD, the kernels' namespace
 
-#if defined(CONTINUUM_CPU_SIMD) && (defined(__AVX512F__) || defined(__FMA__))
+#if defined(CONTINUUM_CPU_SIMD) && defined(__SSE2__)
 #  include <immintrin.h>
 #endif
 
@@ -138,6 +138,39 @@ inline typename Simd<T>::v vmadd(T a, typename Simd<T>::v b, typename Simd<T>::v
   }
 #  endif
   return a * b + c;  // no FMA instruction: nothing to contract into
+}
+
+/// The lanes k with x[k] == y, as bit k of the result (an ordered comparison:
+/// never true for a NaN); the vector compare's own mask where the CPU has one.
+template <class T>
+inline unsigned equal_lanes(typename Simd<T>::v x, T y) {
+#  if defined(__AVX512F__)
+  if constexpr (kSimdBytes == 64) {
+    if constexpr (sizeof(T) == 4)
+      return _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(float(y)), _CMP_EQ_OQ);
+    else
+      return _mm512_cmp_pd_mask((__m512d)x, _mm512_set1_pd(double(y)), _CMP_EQ_OQ);
+  }
+#  endif
+#  if defined(__AVX__)
+  if constexpr (kSimdBytes == 32) {
+    if constexpr (sizeof(T) == 4)
+      return unsigned(_mm256_movemask_ps(_mm256_cmp_ps((__m256)x, _mm256_set1_ps(float(y)), _CMP_EQ_OQ)));
+    else
+      return unsigned(_mm256_movemask_pd(_mm256_cmp_pd((__m256d)x, _mm256_set1_pd(double(y)), _CMP_EQ_OQ)));
+  }
+#  endif
+#  if defined(__SSE2__)
+  if constexpr (kSimdBytes == 16) {
+    if constexpr (sizeof(T) == 4)
+      return unsigned(_mm_movemask_ps(_mm_cmpeq_ps((__m128)x, _mm_set1_ps(float(y)))));
+    else
+      return unsigned(_mm_movemask_pd(_mm_cmpeq_pd((__m128d)x, _mm_set1_pd(double(y)))));
+  }
+#  endif
+  unsigned m = 0;  // no x86 vector compare: lane by lane
+  for (int k = 0; k < Simd<T>::W; ++k) m |= unsigned(x[k] == y) << k;
+  return m;
 }
 
 /// In-register transpose of a W × W block (r[i] = row i on entry, column i on

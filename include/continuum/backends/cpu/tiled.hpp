@@ -789,6 +789,22 @@ inline T row_max(const T* s, index_t c0, index_t c1) {
   return m;
 }
 
+/// The first c in [c0, c1) with s[c] == v; c1 when there is none. (Where a row
+/// maximum is: whole vectors compared at once, the lane from the mask.)
+template <class T>
+inline index_t row_find(const T* s, index_t c0, index_t c1, T v) {
+  index_t c = c0;
+#if defined(CONTINUUM_CPU_SIMD)
+  if constexpr (kVector<T>) {
+    using S = Simd<T>;
+    for (; c + S::W <= c1; c += S::W)
+      if (const unsigned lanes = equal_lanes<T>(S::load(s + c), v)) return c + index_t(__builtin_ctz(lanes));
+  }
+#endif
+  while (c < c1 && !(s[c] == v)) ++c;
+  return c;
+}
+
 #if defined(CONTINUUM_CPU_SIMD)
 /// {prev[W-1], cur[0], …, cur[W-2]}: the vector one position to the left.
 template <class V, int W, int... I>
@@ -2282,8 +2298,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
           // The running maximum; a new one re-bases the sums on its key.
           const T mt = row_max(sr, ov0 + off, ov1 + off);
           if (mt > ri.m[i]) {
-            index_t c = ov0 + off;
-            while (!(sr[c] == mt)) ++c;
+            const index_t c = row_find(sr, ov0 + off, ov1 + off, mt);
             W mw = W(ri.m[i]);
             const W f = detail::raise_row_max(mw, W(mt));  // 0 while nothing is summed
             const W shift = W(ri.dpref[i]) - W(dpr[c]);  // h of the old ref against the new
