@@ -80,24 +80,31 @@ const char* kernel_isa() {
 #endif
 }
 
-/// The CPU's model name (/proc/cpuinfo), or "unknown".
+/// The CPU's model name with its family, model and stepping numbers
+/// (/proc/cpuinfo; a virtual machine's name alone, "AMD EPYC", does not tell
+/// Zen 4 from Zen 5), or "unknown".
 std::string cpu_model() {
   std::FILE* f = std::fopen("/proc/cpuinfo", "r");
   if (f == nullptr) return "unknown";
   char line[512];
-  std::string model = "unknown";
-  while (std::fgets(line, sizeof line, f) != nullptr)
-    if (std::strncmp(line, "model name", 10) == 0) {
-      const char* colon = std::strchr(line, ':');
-      if (colon != nullptr) {
-        model = colon + 1;
-        model.erase(0, model.find_first_not_of(' '));
-        model.erase(model.find_last_not_of("\n ") + 1);
-      }
-      break;
-    }
+  std::string name, family, model, stepping;
+  const auto value = [&line] {
+    const char* colon = std::strchr(line, ':');
+    std::string v = colon != nullptr ? colon + 1 : "";
+    v.erase(0, v.find_first_not_of(' '));
+    v.erase(v.find_last_not_of("\n ") + 1);
+    return v;
+  };
+  while (std::fgets(line, sizeof line, f) != nullptr && line[0] != '\n') {  // the first processor only
+    if (std::strncmp(line, "model name", 10) == 0) name = value();
+    else if (std::strncmp(line, "cpu family", 10) == 0) family = value();
+    else if (std::strncmp(line, "model\t", 6) == 0 || std::strncmp(line, "model ", 6) == 0) model = value();
+    else if (std::strncmp(line, "stepping", 8) == 0) stepping = value();
+  }
   std::fclose(f);
-  return model;
+  if (name.empty()) return "unknown";
+  if (!family.empty()) name += " (family " + family + ", model " + model + ", stepping " + stepping + ")";
+  return name;
 }
 
 /// Runs `iters` rounds of kAcc independent FMA chains on full vectors of
