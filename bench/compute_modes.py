@@ -13,24 +13,12 @@ the instruction set of the kernels (continuum_attention.cpu_isa()).
     python bench/compute_modes.py [--threads 2] [--reps 9] [--kernel continuum]
 """
 import argparse
-import platform
 import statistics
 import time
 
 import torch
 
-from continuum_attention import attention, cpu_isa
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from continuum_attention import attention, cpu_isa, cpu_model
 
 
 def main() -> None:

@@ -25,7 +25,6 @@ extensions the CPU reports. Needs the package installed
 """
 import argparse
 import os
-import platform
 import statistics
 import time
 
@@ -36,21 +35,21 @@ import continuum_attention as ca
 
 
 def cpu_description():
-    model = platform.processor() or "unknown"
+    """The CPU's model (continuum_attention.cpu_model) and which of the listed
+    instruction-set flags /proc/cpuinfo gives."""
     flags = set()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name") and model in ("unknown", "", platform.machine()):
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
+                if line.startswith("flags"):
                     flags = set(line.split(":", 1)[1].split())
+                    break
     except OSError:
         pass
     wanted = ["sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "avx512_fp16",
               "amx_bf16", "neon", "sve"]
     isa = [f for f in wanted if f in flags]
-    return model, isa
+    return ca.cpu_model(), isa
 
 
 def median_time(fn, reps, warmup):

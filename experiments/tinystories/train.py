@@ -32,6 +32,7 @@ if dist.is_available():
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from safetensors import SafetensorError, safe_open
+from continuum_attention import cpu_model
 from tqdm import tqdm
 
 from config import Config
@@ -176,16 +177,7 @@ def lr_at(cfg: Config, step: int) -> float:
 
 
 def machine(device: str = "cpu") -> dict:
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    m = {"cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    m = {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
          "torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version()}
     if device == "cuda":
         m["gpu"] = torch.cuda.get_device_name()

@@ -7,7 +7,7 @@ and the library's analytic backward as its gradient. See ``attention`` for
 shapes, dtypes and errors, and the "PyTorch" section of the repository's
 README.md for installation and a usage example.
 """
-from ._ops import WITH_CUDA, attention, cpu_isa, supported_dtypes
+from ._ops import WITH_CUDA, attention, cpu_isa, cpu_model, supported_dtypes
 
-__all__ = ["attention", "cpu_isa", "supported_dtypes", "WITH_CUDA"]
+__all__ = ["attention", "cpu_isa", "cpu_model", "supported_dtypes", "WITH_CUDA"]
 __version__ = "0.1.0"

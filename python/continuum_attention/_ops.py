@@ -3,6 +3,7 @@ namespace ``continuum``), fake kernels and autograd registered here."""
 from __future__ import annotations
 
 import numbers
+import platform
 from typing import Optional, Tuple, Union
 
 import torch
@@ -26,6 +27,32 @@ def cpu_isa() -> str:
     any ``-march`` flag at build time (docs/MATH.md §10, "Instruction sets").
     Raises ValueError when CONTINUUM_CPU_ISA names one this CPU cannot run."""
     return _C.cpu_isa()
+
+
+def cpu_model() -> str:
+    """The CPU this process runs on, for benchmark reports: the "model name" of
+    /proc/cpuinfo's first processor with its family, model and stepping
+    numbers, e.g. ``"AMD EPYC (family 25, model 17, stepping 1)"`` (a virtual
+    machine's name alone does not tell Zen 4 from Zen 5);
+    ``platform.processor()`` where /proc/cpuinfo gives no model name, else
+    ``"unknown"``. Never raises."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block ends
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    name = fields.get("model name")
+    if not name:
+        return platform.processor() or "unknown"
+    if "cpu family" in fields:
+        name += (f" (family {fields['cpu family']}, model {fields.get('model', '?')}, "
+                 f"stepping {fields.get('stepping', '?')})")
+    return name
 
 
 def supported_dtypes(device: Union[str, torch.device] = "cpu") -> Tuple[torch.dtype, ...]:

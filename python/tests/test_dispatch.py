@@ -40,3 +40,23 @@ def test_unknown_set_is_a_clear_error():
     r = run_probe("avx3")
     assert r.returncode != 0
     assert "unknown instruction set 'avx3'" in r.stderr
+
+
+def test_cpu_model_names_the_cpu_with_its_family():
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    name = ca.cpu_model()
+    assert isinstance(name, str) and name
+    if "model name" not in fields:
+        pytest.skip("/proc/cpuinfo gives no model name here")
+    assert name.startswith(fields["model name"])
+    if "cpu family" in fields:  # x86: the numbers that tell e.g. Zen 4 from Zen 5
+        assert f"(family {fields['cpu family']}, model {fields['model']}, stepping {fields['stepping']})" in name
