@@ -11,7 +11,8 @@
 //   * eigen_materialized/... — plain Eigen attention (GEMM, row softmax, GEMM)
 //     with the n×n matrix materialised: the textbook baseline.
 //   * attention/<kernel>/<visibility>/<fwd|fwdbwd>/<type>/n/threads — the
-//     operator (continuum, softmax, focal), forward or forward + backward.
+//     operator (continuum, softmax, focal), forward or forward + backward (the
+//     forward keeping its row statistics for the backward, as training does).
 //   * decode/<kernel>/gqa8x2/f32/kv/d/threads — one KV-cache decode step (one
 //     query row per head, 8 query heads on 2 KV heads, kv cached keys), with
 //     "bytes/s" of the K/V cache it reads and "frac_bw" = that over
@@ -355,6 +356,10 @@ struct Problem {
   long n, d;
   std::vector<T> q, k, v, o, dout, dq, dk, dv;
   std::vector<continuum::accum_t<T>> lse;
+  // The forward's row statistics for the backward (params.hpp RowStats), as
+  // a training step keeps them: asked for by the forward of a fwdbwd run.
+  std::vector<continuum::accum_t<T>> stats;
+  std::vector<continuum::index_t> stats_ref;
   Problem(long n_, long d_, bool backward) : n(n_), d(d_) {
     const std::size_t sz = std::size_t(kBatch) * kHeads * n * d;
     q = uniform<T>(sz, 42);
@@ -364,6 +369,8 @@ struct Problem {
     lse.assign(std::size_t(kBatch) * kHeads * n, 0);
     if (backward) {
       dout = uniform<T>(sz, 45);
+      stats.assign(std::size_t(kBatch) * kHeads * n * continuum::row_stats_width(d), 0);
+      stats_ref.assign(std::size_t(kBatch) * kHeads * n, 0);
       dq.assign(sz, T(0));
       dk.assign(sz, T(0));
       dv.assign(sz, T(0));
@@ -401,6 +408,7 @@ continuum::BackwardArgs<T> backward_args(const continuum::ForwardArgs<T>& fa, Pr
   ba.grad_key = p.view(p.dk);
   ba.grad_value = p.view(p.dv);
   static_cast<continuum::AttentionOptions<T>&>(ba) = fa;  // the forward's options
+  ba.row_stats = fa.row_stats;
   return ba;
 }
 
@@ -436,6 +444,7 @@ void BM_attention(benchmark::State& st, continuum::Kernel kernel, Vis vis, bool 
   fa.visibility = make_visibility(vis);
   fa.num_threads = threads;
   fa.compute = float_arith ? continuum::Compute::automatic : continuum::Compute::float64;
+  if (backward) fa.row_stats = {p.stats.data(), p.stats_ref.data()};
 
   const continuum::BackwardArgs<T> ba = backward ? backward_args(fa, p) : continuum::BackwardArgs<T>{};
 

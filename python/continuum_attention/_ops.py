@@ -79,17 +79,25 @@ def _accum_dtype(dtype):
 # --------------------------------------------------------------------------
 @torch.library.register_fake("continuum::forward")
 def _forward_fake(query, key, value, kernel, causal, window_left, window_right, range_lo,
-                  range_hi, temperature, temperature_value, scale, compute="default"):
+                  range_hi, temperature, temperature_value, scale, compute="default",
+                  row_stats=False):
     torch._check(query.dim() == 4 and key.dim() == 4 and value.dim() == 4,
                  lambda: "continuum_attention: query, key, value must be 4-D")
     B, Hq, Lq, _ = query.shape
     out = query.new_empty((B, Hq, Lq, value.shape[3]))
     lse = query.new_empty((B, Hq, Lq), dtype=_accum_dtype(query.dtype))
-    return out, lse
+    if row_stats and query.device.type == "cpu":
+        stats = lse.new_empty((B, Hq, Lq, value.shape[3] + 5))
+        ref = lse.new_empty((B, Hq, Lq), dtype=torch.int64)
+    else:
+        stats = lse.new_empty((0,))
+        ref = lse.new_empty((0,), dtype=torch.int64)
+    return out, lse, stats, ref
 
 
 @torch.library.register_fake("continuum::backward")
-def _backward_fake(grad_out, query, key, value, out, lse, kernel, causal, window_left,
+def _backward_fake(grad_out, query, key, value, out, lse, row_stats, row_ref, kernel, causal,
+                   window_left,
                    window_right, range_lo, range_hi, temperature, temperature_value, scale,
                    compute="default"):
     dt = (temperature.new_empty(temperature.shape) if temperature is not None
@@ -104,26 +112,28 @@ def _backward_fake(grad_out, query, key, value, out, lse, kernel, causal, window
 def _setup_context(ctx, inputs, output):
     # PyTorch fills in the schema defaults (compute="default") before calling this.
     (query, key, value, kernel, causal, window_left, window_right, range_lo, range_hi,
-     temperature, temperature_value, scale, compute) = inputs
-    out, lse = output
-    ctx.save_for_backward(query, key, value, out, lse, range_lo, range_hi, temperature)
+     temperature, temperature_value, scale, compute, _) = inputs
+    out, lse, stats, ref = output
+    # stats, ref: the CPU forward's row statistics (docs/MATH.md §6), which
+    # spare the backward a forward of its own.
+    ctx.save_for_backward(query, key, value, out, lse, stats, ref, range_lo, range_hi, temperature)
     # The backward runs with the forward's compute (the same kernels, the same arithmetic).
     ctx.options = (kernel, causal, window_left, window_right, temperature_value, scale, compute)
     # lse is returned for inspection and for the CUDA backward; the library has
     # no gradient for it (use `out`).
-    ctx.mark_non_differentiable(lse)
+    ctx.mark_non_differentiable(lse, stats, ref)
 
 
-def _backward(ctx, grad_out, grad_lse):
-    query, key, value, out, lse, range_lo, range_hi, temperature = ctx.saved_tensors
+def _backward(ctx, grad_out, grad_lse, grad_stats, grad_ref):
+    query, key, value, out, lse, stats, ref, range_lo, range_hi, temperature = ctx.saved_tensors
     kernel, causal, window_left, window_right, temperature_value, scale, compute = ctx.options
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     dq, dk, dv, dt = torch.ops.continuum.backward(
-        grad_out, query, key, value, out, lse, kernel, causal, window_left, window_right,
-        range_lo, range_hi, temperature, temperature_value, scale, compute)
+        grad_out, query, key, value, out, lse, stats, ref, kernel, causal, window_left,
+        window_right, range_lo, range_hi, temperature, temperature_value, scale, compute)
     return (dq, dk, dv, None, None, None, None, None, None,
-            dt if temperature is not None else None, None, None, None)
+            dt if temperature is not None else None, None, None, None, None)
 
 
 torch.library.register_autograd("continuum::forward", _backward, setup_context=_setup_context)
@@ -282,6 +292,11 @@ def attention(
         DDP; FSDP should need nothing more but was not tested here. Differentiable once (the
         backward itself has no gradient: no create_graph / double backward).
         Cost O(B·Hq·Lq·Lk·(D + Dv)); memory O(B·Hq·Lq) besides the output.
+        When a gradient will be taken (grad mode on and an input requiring
+        grad), the CPU forward also keeps its row statistics for the
+        backward, B·Hq·Lq·(Dv + 5) values in float32 (float64 for float64
+        inputs) saved with the output, so that the backward need not run the
+        forward again (docs/MATH.md §6, "row statistics from the forward").
         On the CPU a query row that sees a NaN or an Inf (in its query, its
         grad_out, or a visible key or value) gets NaN in its output, lse and
         gradients, and NaN in the key/value gradients of the keys it sees;
@@ -347,7 +362,10 @@ def attention(
                             f"got {type(scale).__name__}")
         scale = float(scale)
     compute = _check_compute(compute, query)
-    out, lse = torch.ops.continuum.forward(
+    # The row statistics for the backward: only where a gradient will be asked for.
+    wants_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (query, key, value, temp_tensor))
+    out, lse, _, _ = torch.ops.continuum.forward(
         query, key, value, kernel, causal, window_left, window_right, range_lo, range_hi,
-        temp_tensor, temp_value, scale, compute)
+        temp_tensor, temp_value, scale, compute, wants_grad)
     return (out, lse) if return_lse else out

@@ -1,7 +1,9 @@
 // ops.cpp — PyTorch operators over the header-only library (issue 10).
 //
 // Registers, with TORCH_LIBRARY, two operators in the namespace `continuum`:
-//   continuum::forward  -> (out [B,Hq,Lq,Dv], lse [B,Hq,Lq])
+//   continuum::forward  -> (out [B,Hq,Lq,Dv], lse [B,Hq,Lq], and with row_stats=True
+//                           the CPU forward's row statistics for the backward,
+//                           [B,Hq,Lq,Dv+5] and int64 [B,Hq,Lq]; 0 elements otherwise)
 //   continuum::backward -> (dq, dk, dv, dtemperature)
 // and their CPU kernels, which call continuum::attention_forward /
 // attention_backward on strided views of the tensors' own memory (no copies
@@ -266,14 +268,14 @@ void call_library(F&& f) {
   }
 }
 
-std::tuple<Tensor, Tensor> forward_cpu(const Tensor& query, const Tensor& key, const Tensor& value,
-                                       c10::string_view kernel, bool causal, int64_t window_left,
-                                       int64_t window_right,
-                                       const std::optional<Tensor>& range_lo,
-                                       const std::optional<Tensor>& range_hi,
-                                       const std::optional<Tensor>& temperature,
-                                       double temperature_value, std::optional<double> scale,
-                                       c10::string_view compute) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> forward_cpu(const Tensor& query, const Tensor& key, const Tensor& value,
+                                                       c10::string_view kernel, bool causal, int64_t window_left,
+                                                       int64_t window_right,
+                                                       const std::optional<Tensor>& range_lo,
+                                                       const std::optional<Tensor>& range_hi,
+                                                       const std::optional<Tensor>& temperature,
+                                                       double temperature_value, std::optional<double> scale,
+                                                       c10::string_view compute, bool row_stats) {
   check_qkv(query, key, value);
   const continuum::Compute compute_type = parse_compute(std::string_view(compute.data(), compute.size()),
                                               query.scalar_type(), /*cuda=*/false);
@@ -283,6 +285,11 @@ std::tuple<Tensor, Tensor> forward_cpu(const Tensor& query, const Tensor& key, c
   const int64_t B = query.size(0), Hq = query.size(1), Lq = query.size(2), Dv = value.size(3);
   Tensor out = at::empty({B, Hq, Lq, Dv}, query.options());
   Tensor lse = at::empty({B, Hq, Lq}, query.options().dtype(accum_type(query.scalar_type())));
+  // The row statistics for the backward (continuum::RowStats), when asked for.
+  Tensor stats = row_stats ? at::empty({B, Hq, Lq, continuum::row_stats_width(Dv)}, lse.options())
+                           : at::empty({0}, lse.options());
+  Tensor ref = at::empty({row_stats ? B * Hq * Lq : 0}, lse.options().dtype(at::kLong));
+  if (row_stats) ref = ref.view({B, Hq, Lq});
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "continuum::forward", [&] {
     using E = storage_t<scalar_t>;
     using A = continuum::accum_t<E>;
@@ -292,6 +299,7 @@ std::tuple<Tensor, Tensor> forward_cpu(const Tensor& query, const Tensor& key, c
     a.value = view<const E>(value);
     a.out = view<E>(out);
     a.lse = lse.data_ptr<A>();
+    if (row_stats) a.row_stats = {stats.data_ptr<A>(), ref.data_ptr<int64_t>()};
     a.kernel = o.kernel;
     a.temperature = temperature_of<A>(o);
     a.scale = o.scale;
@@ -300,12 +308,13 @@ std::tuple<Tensor, Tensor> forward_cpu(const Tensor& query, const Tensor& key, c
     a.num_threads = at::get_num_threads();  // results do not depend on it
     call_library([&] { continuum::attention_forward(continuum::cpu, a); });
   });
-  return {out, lse};
+  return {out, lse, stats, ref};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(
     const Tensor& grad_out_in, const Tensor& query, const Tensor& key, const Tensor& value,
-    const Tensor& out, const Tensor& lse, c10::string_view kernel, bool causal,
+    const Tensor& out, const Tensor& lse, const Tensor& row_stats, const Tensor& row_ref,
+    c10::string_view kernel, bool causal,
     int64_t window_left, int64_t window_right, const std::optional<Tensor>& range_lo,
     const std::optional<Tensor>& range_hi, const std::optional<Tensor>& temperature,
     double temperature_value, std::optional<double> scale, c10::string_view compute) {
@@ -320,6 +329,20 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(
                     lse.defined() ? lse.sizes() : at::IntArrayRef{}, " ", lse.defined() ? lse.scalar_type() : at::kFloat);
   const continuum::Compute compute_type = parse_compute(std::string_view(compute.data(), compute.size()),
                                               query.scalar_type(), /*cuda=*/false);
+  // The forward's row statistics, or none (0 elements).
+  const bool have_stats = row_stats.numel() > 0;
+  if (have_stats) {
+    const int64_t B = query.size(0), Hq = query.size(1), Lq = query.size(2);
+    TORCH_CHECK_VALUE(row_stats.dim() == 4 && row_stats.size(0) == B && row_stats.size(1) == Hq &&
+                          row_stats.size(2) == Lq && row_stats.size(3) == continuum::row_stats_width(value.size(3)) &&
+                          row_stats.scalar_type() == lse.scalar_type() && row_stats.device() == query.device() &&
+                          row_ref.dim() == 3 && row_ref.size(0) == B && row_ref.size(1) == Hq &&
+                          row_ref.size(2) == Lq && row_ref.scalar_type() == at::kLong &&
+                          row_ref.device() == query.device(),
+                      kWho, ": row_stats and row_ref must be the forward's [B, Hq, Lq, Dv + 5] and [B, Hq, Lq]");
+  }
+  const Tensor stats_c = have_stats ? row_stats.contiguous() : row_stats;
+  const Tensor ref_c = have_stats ? row_ref.contiguous() : row_ref;
   // Autograd hands in expanded (stride-0) or transposed gradients; the library
   // needs a contiguous last axis, so make one for dO (ours, not the user's).
   const Tensor grad_out =
@@ -343,6 +366,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cpu(
     a.out = view<const E>(out);
     a.grad_out = view<const E>(grad_out);
     a.lse = lse_c.data_ptr<A>();
+    if (have_stats) a.row_stats = continuum::RowStats<const A>{stats_c.data_ptr<A>(), ref_c.data_ptr<int64_t>()};
     a.grad_query = view<E>(dq);
     a.grad_key = view<E>(dk);
     a.grad_value = view<E>(dv);
@@ -383,14 +407,14 @@ ce::Common raw_common(const Tensor& q, const Options& o) {
   return c;
 }
 
-std::tuple<Tensor, Tensor> forward_cuda(const Tensor& query, const Tensor& key, const Tensor& value,
-                                        c10::string_view kernel, bool causal, int64_t window_left,
-                                        int64_t window_right,
-                                        const std::optional<Tensor>& range_lo,
-                                        const std::optional<Tensor>& range_hi,
-                                        const std::optional<Tensor>& temperature,
-                                        double temperature_value, std::optional<double> scale,
-                                        c10::string_view compute) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> forward_cuda(const Tensor& query, const Tensor& key, const Tensor& value,
+                                                        c10::string_view kernel, bool causal, int64_t window_left,
+                                                        int64_t window_right,
+                                                        const std::optional<Tensor>& range_lo,
+                                                        const std::optional<Tensor>& range_hi,
+                                                        const std::optional<Tensor>& temperature,
+                                                        double temperature_value, std::optional<double> scale,
+                                                        c10::string_view compute, bool /*row_stats: CPU only*/) {
   check_qkv(query, key, value, /*cuda=*/true);
   parse_compute(std::string_view(compute.data(), compute.size()), query.scalar_type(), /*cuda=*/true);
   const c10::cuda::CUDAGuard guard(query.device());
@@ -408,12 +432,14 @@ std::tuple<Tensor, Tensor> forward_cuda(const Tensor& query, const Tensor& key, 
   f.out = raw_view(out);
   f.lse = lse.data_ptr<float>();
   call_library([&] { ce::forward(f); });
-  return {out, lse};
+  // (no row statistics: the CUDA backward computes its own)
+  return {out, lse, at::empty({0}, lse.options()), at::empty({0}, lse.options().dtype(at::kLong))};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cuda(
     const Tensor& grad_out_in, const Tensor& query, const Tensor& key, const Tensor& value,
-    const Tensor& out, const Tensor& lse, c10::string_view kernel, bool causal,
+    const Tensor& out, const Tensor& lse, const Tensor& /*row_stats*/, const Tensor& /*row_ref*/,
+    c10::string_view kernel, bool causal,
     int64_t window_left, int64_t window_right, const std::optional<Tensor>& range_lo,
     const std::optional<Tensor>& range_hi, const std::optional<Tensor>& temperature,
     double temperature_value, std::optional<double> scale, c10::string_view compute) {
@@ -462,11 +488,11 @@ TORCH_LIBRARY(continuum, m) {
   m.def(
       "forward(Tensor query, Tensor key, Tensor value, str kernel, bool causal, "
       "int window_left, int window_right, Tensor? range_lo, Tensor? range_hi, "
-      "Tensor? temperature, float temperature_value, float? scale, str compute=\"default\") "
-      "-> (Tensor, Tensor)");
+      "Tensor? temperature, float temperature_value, float? scale, str compute=\"default\", "
+      "bool row_stats=False) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out, Tensor lse, "
-      "str kernel, bool causal, int window_left, int window_right, Tensor? range_lo, "
+      "Tensor row_stats, Tensor row_ref, str kernel, bool causal, int window_left, int window_right, Tensor? range_lo, "
       "Tensor? range_hi, Tensor? temperature, float temperature_value, float? scale, "
       "str compute=\"default\") -> (Tensor, Tensor, Tensor, Tensor)");
 }

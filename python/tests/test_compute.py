@@ -136,8 +136,9 @@ def test_backward_uses_the_forwards_compute(compute):
     do = uniform(*out.shape, dtype=torch.float32)
     grads = torch.autograd.grad(out, (q, k, v), do)
     for c, same in (("default", compute is None), ("float64", compute == "float64")):
-        direct = torch.ops.continuum.backward(do, q, k, v, out, lse, "continuum", True, -1, -1,
-                                              None, None, None, 1.0, None, c)[:3]
+        none = torch.empty(0)
+        direct = torch.ops.continuum.backward(do, q, k, v, out, lse, none, none.long(), "continuum",
+                                              True, -1, -1, None, None, None, 1.0, None, c)[:3]
         assert all(torch.equal(a, b) for a, b in zip(grads, direct)) == same, c
 
 
@@ -155,3 +156,23 @@ def test_thread_count_invariance(compute):
     finally:
         torch.set_num_threads(before)
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("kernel", ["continuum", "softmax"])
+def test_backward_with_the_forwards_row_statistics(dtype, kernel):
+    """Under autograd the forward keeps its row statistics (row_stats=True) and the
+    backward reads them instead of running a forward of its own (docs/MATH.md §6):
+    the gradients are the same bits as the backward's own statistics give."""
+    q, k, v = (uniform(2, 4, 40, 16, dtype=dtype, requires_grad=True) for _ in range(3))
+    out = ca.attention(q, k, v, causal=True, kernel=kernel)
+    do = uniform(*out.shape, dtype=dtype)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    args = (kernel, True, -1, -1, None, None, None, 1.0, None, "default")
+    out2, lse, stats, ref = torch.ops.continuum.forward(q, k, v, *args[:-1], "default", True)
+    assert torch.equal(out, out2) and stats.shape == (2, 4, 40, 21) and bool((ref >= 0).all())
+    none = torch.empty(0, dtype=lse.dtype)
+    own = torch.ops.continuum.backward(do, q, k, v, out, lse, none, none.long(), *args)[:3]
+    given = torch.ops.continuum.backward(do, q, k, v, out, lse, stats, ref, *args)[:3]
+    for g, a, b in zip(grads, own, given):
+        assert torch.equal(g, a) and torch.equal(a, b)

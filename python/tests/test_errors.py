@@ -148,11 +148,11 @@ def test_bad_compute_direct_op():
     raises(ValueError, r"compute=\"float32\" needs float32, bfloat16 or float16 storage, query is Double",
            lambda q, k, v: torch.ops.continuum.forward(*args(q, k, v), "float32"))
     q, k, v = qkv()
-    out, lse = torch.ops.continuum.forward(*args(q, k, v))
+    out, lse, stats, ref = torch.ops.continuum.forward(*args(q, k, v))
     for bad, match in (("float16", r"compute must be None"), ("float32", r"needs float32, bfloat16 or float16 storage")):
         with pytest.raises(ValueError, match=match):
-            torch.ops.continuum.backward(out, q, k, v, out, lse, "continuum", False, -1, -1, None,
-                                         None, None, 1.0, None, bad)
+            torch.ops.continuum.backward(out, q, k, v, out, lse, stats, ref, "continuum", False, -1, -1,
+                                         None, None, None, 1.0, None, bad)
 
 
 def test_option_types_are_not_coerced():
@@ -216,7 +216,20 @@ def test_backward_checks_lse_shape():
     never an out-of-bounds read (direct callers of torch.ops.continuum.backward)."""
     q, k, v = qkv()
     args = ("continuum", False, -1, -1, None, None, None, 1.0, None)
-    out, lse = torch.ops.continuum.forward(q, k, v, *args)
+    out, lse, stats, ref = torch.ops.continuum.forward(q, k, v, *args)
     for bad in (lse[:, :, :2], lse[:1], lse.reshape(B, H * L, 1)):
         with pytest.raises(ValueError, match=r"lse must be the forward's \[B, Hq, Lq\] = \[2, 4, 6\]"):
-            torch.ops.continuum.backward(out, q, k, v, out, bad, *args)
+            torch.ops.continuum.backward(out, q, k, v, out, bad, stats, ref, *args)
+
+
+def test_backward_checks_row_stats_shape():
+    """The forward's row statistics (row_stats=True): a wrong-sized or wrongly typed
+    pair is an error, never an out-of-bounds read."""
+    q, k, v = qkv()
+    args = ("continuum", False, -1, -1, None, None, None, 1.0, None)
+    out, lse, stats, ref = torch.ops.continuum.forward(q, k, v, *args, "default", True)
+    assert stats.shape == (B, H, L, v.shape[3] + 5) and ref.shape == (B, H, L)
+    for bad_stats, bad_ref in ((stats[:, :, :2], ref), (stats, ref[:1]), (stats.float(), ref),
+                               (stats, ref.int())):
+        with pytest.raises(ValueError, match=r"row_stats and row_ref must be the forward's"):
+            torch.ops.continuum.backward(out, q, k, v, out, lse, bad_stats, bad_ref, *args)

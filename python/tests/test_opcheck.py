@@ -43,6 +43,8 @@ def forward_args(dtype, requires_grad, temperature, ranges, causal=False, window
 def test_opcheck_forward(dtype, requires_grad, temperature, ranges):
     args = forward_args(dtype, requires_grad, temperature, ranges, causal=True)
     torch.library.opcheck(torch.ops.continuum.forward.default, args)
+    # with the row statistics for the backward (what attention() asks for under autograd)
+    torch.library.opcheck(torch.ops.continuum.forward.default, args + (True,))
 
 
 EXPLICIT = [(d, c) for d, c in DTYPE_COMPUTE if c != "default"]
@@ -78,18 +80,22 @@ def test_opcheck_forward_softmax_window(dtype, compute):
 def test_opcheck_backward(dtype, compute):
     q, k, v, kernel, causal, wl, wr, lo, hi, t, tv, scale, compute = forward_args(
         dtype, False, "head", False, compute=compute)
-    out, lse = torch.ops.continuum.forward(q, k, v, kernel, causal, wl, wr, lo, hi, t, tv, scale,
-                                           compute)
-    do = uniform(*out.shape, dtype=dtype)
-    torch.library.opcheck(torch.ops.continuum.backward.default,
-                          (do, q, k, v, out, lse, kernel, causal, wl, wr, lo, hi, t, tv, scale,
-                           compute))
+    for with_stats in (False, True):
+        out, lse, stats, ref = torch.ops.continuum.forward(q, k, v, kernel, causal, wl, wr, lo, hi, t,
+                                                           tv, scale, compute, with_stats)
+        assert (stats.numel() > 0) == with_stats and (ref.numel() > 0) == with_stats
+        do = uniform(*out.shape, dtype=dtype)
+        torch.library.opcheck(torch.ops.continuum.backward.default,
+                              (do, q, k, v, out, lse, stats, ref, kernel, causal, wl, wr, lo, hi, t, tv,
+                               scale, compute))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_opcheck_backward_without_compute(dtype):
     q, k, v, kernel, causal, wl, wr, lo, hi, t, tv, scale, _ = forward_args(dtype, False, "head", False)
-    out, lse = torch.ops.continuum.forward(q, k, v, kernel, causal, wl, wr, lo, hi, t, tv, scale)
+    out, lse, stats, ref = torch.ops.continuum.forward(q, k, v, kernel, causal, wl, wr, lo, hi, t, tv,
+                                                       scale)
     do = uniform(*out.shape, dtype=dtype)
     torch.library.opcheck(torch.ops.continuum.backward.default,
-                          (do, q, k, v, out, lse, kernel, causal, wl, wr, lo, hi, t, tv, scale))
+                          (do, q, k, v, out, lse, stats, ref, kernel, causal, wl, wr, lo, hi, t, tv,
+                           scale))

@@ -32,7 +32,7 @@
 
 using namespace harness;
 using continuum::index_t;
-using continuum::cpu_detail::tiled::kBcStats;
+using continuum::cpu_detail::tiled::kBc;
 
 namespace {
 
@@ -141,12 +141,13 @@ TEMPLATE_TEST_CASE("backward: nearly equal adjacent scores", "[operator][tiled][
   run_case<TestType>(s, tau, fa, "nearly equal");
 }
 
-// The backward's row statistics take the row maximum and its reference key
-// from one sweep over the key tiles and re-base their sums whenever a later
-// tile raises the maximum (MATH.md §6, "one sweep"). Here the maximum moves
-// across that sweep's tiles of 510 keys (continuum: kBcStats − 2) or 512
-// (softmax): to the first key of the next tile, whose left neighbour — the
-// previous tile's last key, held back — becomes a near key; from a reference
+// The backward's row statistics come from the forward, which finds the row
+// maximum and its reference key tile by tile and keeps the reference key's
+// near keys apart from its sums, handing them over whenever a later tile
+// raises the maximum (MATH.md §6, "row statistics from the forward"). Here
+// the maximum moves across the forward's key tiles of kBc = 512 keys: to the
+// first key of the next tile, whose left neighbour — the previous tile's last
+// key, held back — becomes a near key; from a reference
 // that is itself that held-back last key; to an equal score later (the
 // reference stays the first key at the maximum); by small gaps (the old keys
 // keep most of the weight, so a wrong re-basing moves δ and dS_ref by O(1))
@@ -166,7 +167,7 @@ TEMPLATE_TEST_CASE("backward: the row maximum moves across key tiles", "[operato
   // (Softmax has no neighbour weights: beyond a gap of ~90 (float) or ~700
   // (double) every gradient underflows, and there is no halo to get wrong.)
   if (kernel == continuum::Kernel::softmax && gap > 30) return;
-  const index_t tile = kernel == continuum::Kernel::continuum ? kBcStats - 2 : kBcStats;
+  const index_t tile = kBc;
   Case<TestType> c;
   c.kernel = kernel;
   c.Lq = 1;

@@ -1099,3 +1099,53 @@ TEMPLATE_TEST_CASE("16-bit storage: every key value the float kernels take is wi
     CHECK(wrong == 0);
   });
 }
+
+// The forward's row statistics handed to the backward (params.hpp RowStats)
+// change no bit of the gradients: without them the backward computes the same
+// ones with the same forward kernel (on the bfloat16 unit where the CPU has
+// one, with the weights' rounding residuals: MATH.md §6).
+TEST_CASE("16-bit storage: the forward's row statistics change no bit of the backward", "[operator][storage16]") {
+  const int shape = GENERATE(0, 1, 3);
+  const int kernel = GENERATE(0, 1);
+  const int vis = GENERATE(0, 1);
+  Case<float> c;
+  setup<bfloat16>(c, shape, vis, kernel, std::uint64_t(5200 + 10 * shape + 2 * vis + kernel));
+  Bf16Call x(c);
+  const index_t rows = c.B * c.Hq * c.Lq;
+  std::vector<float> values(std::size_t(rows * continuum::row_stats_width(c.dv_dim())), 0.0f), lse(std::size_t(rows), 0.0f);
+  std::vector<index_t> ref(std::size_t(rows), index_t(-7));
+  continuum::ForwardArgs<bfloat16> fa;
+  copy_options(c, fa);
+  fa.query = x.q.view;
+  fa.key = x.k.view;
+  fa.value = x.v.view;
+  fa.out = x.o.view;
+  fa.lse = lse.data();
+  fa.row_stats = {values.data(), ref.data()};
+  continuum::attention_forward(continuum::cpu, fa);
+  index_t with_ref = 0;
+  for (index_t r : ref) with_ref += r >= 0;
+  CHECK(with_ref > 0);
+  std::vector<float> dtau;
+  backward16(c, x, dtau);
+  const auto dq = x.dq.contiguous(), dk = x.dk.contiguous(), dv = x.dv.contiguous();
+  continuum::BackwardArgs<bfloat16> a;
+  copy_options(c, a);
+  a.query = x.q.view;
+  a.key = x.k.view;
+  a.value = x.v.view;
+  a.out = x.o.view;
+  a.grad_out = x.dout.view;
+  a.grad_query = x.dq.view;
+  a.grad_key = x.dk.view;
+  a.grad_value = x.dv.view;
+  std::vector<float> dtau2(1);
+  a.grad_temperature = dtau2.data();
+  a.row_stats = continuum::RowStats<const float>{values.data(), ref.data()};
+  continuum::attention_backward(continuum::cpu, a);
+  INFO("shape " << shape << ", vis " << vis << ", kernel " << kernel << unit_label());
+  CHECK(std::memcmp(dq.data(), x.dq.contiguous().data(), dq.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(dk.data(), x.dk.contiguous().data(), dk.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(dv.data(), x.dv.contiguous().data(), dv.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(dtau.data(), dtau2.data(), sizeof(float)) == 0);
+}

@@ -1,7 +1,7 @@
 // The tiled CPU kernels (backends/cpu/tiled.hpp) against the 256-bit reference,
 // on shapes that cross every tile boundary (forward key tiles of kBc = 512,
-// query blocks of 256 with sub-blocks of 64; backward key tiles of 128, the
-// backward's statistics tiles of kBcStats = 512 and query tiles of 64; kept
+// query blocks of 256 with sub-blocks of 64; backward key tiles of 128 and
+// query tiles of 64; kept
 // small because the reference is 256-bit), for float
 // storage in float (the default,
 // "float_arithmetic" in the labels) and in double (Compute::float64), and for
@@ -17,7 +17,6 @@
 using namespace harness;
 using continuum::index_t;
 using continuum::cpu_detail::tiled::kBc;
-using continuum::cpu_detail::tiled::kBcStats;
 
 namespace {
 
@@ -37,10 +36,8 @@ void run_backward(Case<T>& c, bool float_arithmetic) {
 
 template <class T>
 void setup(Case<T>& c, int shape, int vis, int kernel, std::uint64_t salt) {
-  // Shapes 1 and 4 cross the forward's key tiles (one boundary, two), and
-  // the backward's statistics tiles (kBcStats − 2 keys for continuum; shape 4
-  // in the backward test).
-  static_assert(kBcStats <= kBc, "shapes 1 and 4 cross the statistics tiles too");
+  // Shapes 1 and 4 cross the forward's key tiles (one boundary, two), where
+  // the backward's row statistics come from too (shape 4 in the backward test).
   static const index_t L[][2] = {{70, 140}, {20, kBc + 5}, {261, 20}, {66, 130}, {1, 2 * kBc + 4}};
   c.B = 1;
   c.Hq = 2;
@@ -141,20 +138,21 @@ TEMPLATE_TEST_CASE("tiled backward matches the reference across tile boundaries"
   }
 }
 
-// The backward's statistics sweep holds back each tile's last visible key
-// until the next tile (its right-hand segment needs the next key's score),
-// and gives a row's first and last keys their half-token cells. Rows whose
-// range starts or ends at the keys around a statistics tile boundary (the
-// first row starts at the previous tile's last key, so that key is both held
-// back and the row's first) take each of these paths; then a band of rows
-// over three query blocks, whose blocks read only some columns of a tile
-// (both sweeps form S and dP on those only). Against the 256-bit reference,
-// within the backward tolerance.
-TEMPLATE_TEST_CASE("tiled backward: ranges that start or end at a statistics tile boundary", "[operator][tiled]",
+// The backward's row statistics come from the forward (MATH.md §6), which
+// holds back each key tile's last visible key until the next tile (its
+// right-hand segment needs the next key's score) and gives a row's first and
+// last keys their half-token cells. Rows whose range starts or ends at the
+// keys around a forward key tile boundary (the first row starts at the
+// previous tile's last key, so that key is both held back and the row's
+// first) take each of these paths; then a band of rows over three query
+// blocks, whose blocks read only some columns of a tile (the gradient sweep
+// forms S and dP on those only). Against the 256-bit reference, within the
+// backward tolerance.
+TEMPLATE_TEST_CASE("tiled backward: ranges that start or end at a forward key tile boundary", "[operator][tiled]",
                    float, double) {
   use_mp_precision();
   const auto kernel = GENERATE(continuum::Kernel::continuum, continuum::Kernel::softmax);
-  const index_t tile = kernel == continuum::Kernel::continuum ? kBcStats - 2 : kBcStats;
+  const index_t tile = kBc;
   Case<TestType> c;
   c.kernel = kernel;
   c.Lk = 2 * tile + 9;

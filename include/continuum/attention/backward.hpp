@@ -30,9 +30,13 @@ namespace continuum {
 ///            double instead of from o rounded to T).
 /// \param args.grad_out  [B, Hq, Lq, Dv], dO.
 /// \param args.lse       ignored by the CPU backend (may be null): each row's
-///            maximum and Z_i are recomputed from Q, K (same tiles and
-///            primitives as the forward, equal to its P within rounding), which
-///            also works where lse overflowed T.
+///            maximum and Z_i come from the row statistics, which also work
+///            where lse overflowed T.
+/// \param args.row_stats  optional (CPU): the forward's row statistics
+///            (params.hpp RowStats, docs/MATH.md §6), [B, Hq, Lq, Dv + 5] and
+///            [B, Hq, Lq]. Without them the CPU backward first runs the forward
+///            on its rows to find them (the same bits, at the cost of that
+///            forward). The CUDA backend ignores them.
 /// \param[out] args.grad_query [B, Hq, Lq, D], grad_key [B, Hk, Lk, D],
 ///            grad_value [B, Hk, Lk, Dv]: views like Q, K, V; a view with null
 ///            data is not computed. For GQA dK/dV sum the query heads sharing a
@@ -46,7 +50,8 @@ namespace continuum {
 ///       attended and dK, dV, dτ are zero, written without calling a kernel.
 /// \note Deterministic: bitwise identical for any thread count (query blocks
 ///       own dQ, key tiles own dK/dV, fixed summation orders, no atomics).
-///       Empty rows give zero gradients. Memory O(B·Hq·Lq + tiles).
+///       Empty rows give zero gradients. Memory O(B·Hq·Lq + tiles); without
+///       row_stats, O(B·Hq·Lq·Dv) more for the statistics it computes.
 ///       Range limit (double storage only): where the score gaps c·|Δ(q·k)|
 ///       around a row's maximum exceed ~1e150, neighbour weights (~1/δ²)
 ///       underflow and that row's dQ, dK, dτ flush to 0; beyond ~1e300 every

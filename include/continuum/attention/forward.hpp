@@ -32,6 +32,13 @@ namespace continuum {
 /// \param[out] args.probs, args.cell_mass  [B, Hq, Lq, Lk] contiguous or null:
 ///                    P and the half-token cell masses π (MATH.md §5), for
 ///                    inspection on small inputs; invisible keys get 0.
+/// \param[out] args.row_stats  optional (CPU): the row statistics that spare
+///                    attention_backward a forward of its own (params.hpp
+///                    RowStats, docs/MATH.md §6): [B, Hq, Lq, Dv + 5] in
+///                    accum_t<T> and [B, Hq, Lq] index_t. Asking for them
+///                    changes no bit of out or lse, except that a decode step
+///                    is not split over the key axis (see the last note).
+///                    The CUDA backend rejects them.
 /// \param args.temperature  τ > 0: scalar, per query head [Hq], or per query
 ///                    [B, Hq, Lq]; args.scale default 1/sqrt(D).
 /// \param args.visibility   full, causal (bottom-right), sliding window (left, right),

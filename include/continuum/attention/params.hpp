@@ -145,6 +145,31 @@ struct AttentionOptions {
   int num_threads = 0;
 };
 
+/// The row statistics a CPU forward leaves for its backward, so that the
+/// backward does not compute them again (MATH.md §6, "row statistics from
+/// the forward"): per row of [B, Hq, Lq], `values` holds row_stats_width(Dv)
+/// numbers in the accumulator type (the row maximum, the weights of the
+/// reference key and its neighbours, the far keys' sums) and `ref` the row's
+/// reference key, or −1 where the forward left none (an empty row, a row it
+/// computed in a wider arithmetic, Compute::float64). Both contiguous, both
+/// given or neither. Opaque: pass a forward's unchanged to the backward of
+/// the same inputs and options (statistics of other inputs give wrong
+/// gradients; a reference key outside its row's keys is rejected).
+template <class A>
+struct RowStats {
+  A* values = nullptr;     ///< [B, Hq, Lq, row_stats_width(Dv)]
+  index_t* ref = nullptr;  ///< [B, Hq, Lq]
+  operator RowStats<const A>() const { return {values, ref}; }
+};
+template <class A>
+struct RowStats<const A> {
+  const A* values = nullptr;
+  const index_t* ref = nullptr;
+};
+
+/// Numbers per row of RowStats::values for value head_dim Dv.
+CONTINUUM_HOST_DEVICE constexpr index_t row_stats_width(index_t Dv) { return Dv + 5; }
+
 /// Forward arguments: the shared options plus the tensors. Shapes: query
 /// [B, Hq, Lq, D], key [B, Hk, Lk, D], value [B, Hk, Lk, Dv], out
 /// [B, Hq, Lq, Dv]; Hq a multiple of Hk (GQA/MQA).
@@ -165,6 +190,8 @@ struct ForwardArgs : AttentionOptions<T> {
   /// lse).
   T* probs = nullptr;
   T* cell_mass = nullptr;
+  /// Optional: the row statistics for the backward (RowStats; CPU only).
+  RowStats<accum_t<T>> row_stats{};
 };
 
 /// Backward arguments: the forward's options, inputs and outputs plus dO;
@@ -175,11 +202,14 @@ struct ForwardArgs : AttentionOptions<T> {
 template <class T>
 struct BackwardArgs : AttentionOptions<T> {
   TensorView<const T> query, key, value, out, grad_out;
-  /// The forward's lse; optional for the CPU backend, which ignores it and
-  /// recomputes each row's maximum, reference key and Z (so it also works where
-  /// lse overflowed, and a stale or wrong lse changes nothing); the CUDA backend
-  /// needs it. `out` is likewise not read by the CPU backend.
+  /// The forward's lse; optional for the CPU backend, which ignores it (its
+  /// row statistics hold each row's maximum, reference key and Z, so it also
+  /// works where lse overflowed, and a stale or wrong lse changes nothing);
+  /// the CUDA backend needs it. `out` is likewise not read by the CPU backend.
   const accum_t<T>* lse = nullptr;
+  /// Optional (CPU): the forward's row statistics (RowStats). Without them
+  /// the CPU backward computes them, with a forward of its own.
+  RowStats<const accum_t<T>> row_stats{};
   TensorView<T> grad_query, grad_key, grad_value;
   accum_t<T>* grad_temperature = nullptr;
 };

@@ -269,6 +269,19 @@ inline void check_problem_size(const char* fn, const AttentionShape& s, bool ran
          "probs / cell_mass: [B, Hq, Lq, Lk] = " + shape_str(s.batch, s.heads_q, s.len_q, s.len_k));
 }
 
+/// Elements of RowStats::values (0 when none): both pointers or neither, and
+/// [B, Hq, Lq, row_stats_width(Dv)] within 2^62.
+template <class RS>
+index_t row_stats_count(const char* fn, const RS& st, const AttentionShape& s) {
+  if ((st.values == nullptr) != (st.ref == nullptr))
+    fail(fn, "row_stats: values and ref go together (both given, or neither)");
+  index_t n = 0;
+  if (st.values == nullptr) return 0;
+  if (!product_within({s.batch, s.heads_q, s.len_q, row_stats_width(s.dim_v)}, n))
+    fail(fn, "row_stats: [B, Hq, Lq, Dv + 5] has more than 2^62 elements");
+  return n;
+}
+
 /// Elements of the temperature array (0 for a scalar) and of dτ (1 for a scalar).
 template <class T>
 index_t temperature_count(const Temperature<T>& t, const AttentionShape& s) {
@@ -458,8 +471,11 @@ AttentionShape validate_forward(const ForwardArgs<T>& a, double* scale_out, cons
   parameter_regions(fn, a, s, tau, lo, hi);
   const Region reads[] = {region_of("query", a.query), region_of("key", a.key), region_of("value", a.value),
                           tau, lo, hi};
+  const index_t stats = row_stats_count(fn, a.row_stats, s);
   const Region writes[] = {region_of("out", a.out), region_of(fn, "lse", a.lse, rows),
-                           region_of(fn, "probs", a.probs, cells), region_of(fn, "cell_mass", a.cell_mass, cells)};
+                           region_of(fn, "probs", a.probs, cells), region_of(fn, "cell_mass", a.cell_mass, cells),
+                           region_of(fn, "row_stats.values", a.row_stats.values, stats),
+                           region_of(fn, "row_stats.ref", a.row_stats.ref, stats > 0 ? rows : 0)};
   check_no_aliasing(fn, reads, writes);
   const double scale = check_parameters<T>(a, s, opt);
   if (scale_out) *scale_out = scale;
@@ -509,9 +525,12 @@ AttentionShape validate_backward(const BackwardArgs<T>& a, double* scale_out, co
   check_problem_size(fn, s, a.visibility.range_lo || a.visibility.range_hi, false);
   Region tau, lo, hi;
   parameter_regions(fn, a, s, tau, lo, hi);
+  const index_t stats = row_stats_count(fn, a.row_stats, s);
   const Region reads[] = {region_of("query", a.query), region_of("key", a.key), region_of("value", a.value),
                           region_of("out", a.out), region_of("grad_out", a.grad_out),
-                          region_of(fn, "lse", a.lse, s.rows()), tau, lo, hi};
+                          region_of(fn, "lse", a.lse, s.rows()), tau, lo, hi,
+                          region_of(fn, "row_stats.values", a.row_stats.values, stats),
+                          region_of(fn, "row_stats.ref", a.row_stats.ref, stats > 0 ? s.rows() : 0)};
   const Region writes[] = {region_of("grad_query", a.grad_query), region_of("grad_key", a.grad_key),
                            region_of("grad_value", a.grad_value),
                            region_of(fn, "grad_temperature", a.grad_temperature, temperature_count(a.temperature, s))};

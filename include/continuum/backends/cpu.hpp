@@ -29,6 +29,7 @@
 // kernels.
 #pragma once
 
+#include <algorithm>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
@@ -51,6 +52,22 @@ inline std::vector<char> subset_of(const std::vector<index_t>& rows, index_t n) 
   std::vector<char> m(std::size_t(n), 0);
   for (index_t r : rows) m[std::size_t(r)] = 1;
   return m;
+}
+
+/// The caller's row statistics (RowStats) as the kernels in accum_t<T> take
+/// them; a forward's are marked "none" on every row first (−1), for the rows
+/// computed in another arithmetic.
+template <class T>
+tiled::RowStatistics<accum_t<T>> row_statistics(const ForwardArgs<T>& a) {
+  if (!a.row_stats.ref) return {};
+  const index_t rows = a.query.batch * a.query.heads * a.query.seq;
+  std::fill(a.row_stats.ref, a.row_stats.ref + rows, index_t(-1));
+  return {a.row_stats.values, a.row_stats.ref, row_stats_width(a.value.dim)};
+}
+template <class T>
+tiled::RowStatistics<const accum_t<T>> row_statistics(const BackwardArgs<T>& a) {
+  if (!a.row_stats.ref) return {};
+  return {a.row_stats.values, a.row_stats.ref, row_stats_width(a.value.dim)};
 }
 
 [[noreturn]] inline void no_wider_type() {
@@ -100,7 +117,8 @@ void forward_storage16(const ForwardArgs<T>& a, const AttentionShape& sh, double
   const WideForward<float, T> w(a, sh, /*widen_kv=*/false);
   std::vector<index_t> declined;
   tiled::forward_tiled<float, Stencil>(w.args, tiled::KeyValue<T>{a.key, a.value}, scale, nullptr,
-                                       [&](const std::vector<index_t>& rows) { declined = rows; }, unit, accuracy);
+                                       [&](const std::vector<index_t>& rows) { declined = rows; }, unit, accuracy,
+                                       row_statistics(a));
   for_rows(sh.rows(), w.threads, [&](index_t r) { w.narrow(a, r); });
   if (!declined.empty()) forward_widened<double, Stencil>(a, sh, scale, &declined);
 }
@@ -108,10 +126,12 @@ void forward_storage16(const ForwardArgs<T>& a, const AttentionShape& sh, double
 /// The backward counterpart. With `rows` (rows declined by the pass in T):
 /// writes their dQ, adds their dK, dV terms to that pass's and sets their
 /// entries of dtau_rows. Without: the whole call, every output written.
+/// given: the forward's row statistics, when they are in W.
 template <class W, class Stencil, class T>
 void backward_widened(const BackwardArgs<T>& a, const AttentionShape& sh, double scale,
                       const std::vector<index_t>* rows, std::vector<double>& dtau_rows,
-                      bf16::Unit unit = bf16::Unit::none, StencilAccuracy accuracy = StencilAccuracy::full) {
+                      bf16::Unit unit = bf16::Unit::none, StencilAccuracy accuracy = StencilAccuracy::full,
+                      tiled::RowStatistics<const W> given = {}) {
   const WideBackward<W, T> w(a, sh);
   const std::vector<char> subset = rows ? subset_of(*rows, sh.rows()) : std::vector<char>();
   const std::vector<double> dtau = tiled::backward_tiled<W, Stencil>(
@@ -119,7 +139,7 @@ void backward_widened(const BackwardArgs<T>& a, const AttentionShape& sh, double
       [&](const std::vector<index_t>& declined, std::vector<double>& dt) {
         backward_declined<W, Stencil>(w.args, sh, scale, declined, dt);
       },
-      unit, accuracy);
+      unit, accuracy, given);
   const auto assign = [](T* o, const W* x, index_t n) { convert_n(x, o, n); };
   const auto add = [](T* o, const W* x, index_t n) {
     for (index_t d = 0; d < n; ++d) o[d] = T(W(o[d]) + x[d]);
@@ -178,14 +198,18 @@ void run_forward(const ForwardArgs<T>& args, const AttentionShape& shape, double
   static_assert(Unit == bf16::Unit::none || std::is_same<T, bfloat16>::value,
                 "the bfloat16 units take bfloat16 storage only");
   if constexpr (!std::is_same<T, double>::value) {  // float or 16-bit storage
-    if (args.compute == Compute::float64) return forward_widened<double, Stencil>(args, shape, scale, nullptr);
+    if (args.compute == Compute::float64) {  // (no row statistics: they would be double)
+      row_statistics(args);
+      return forward_widened<double, Stencil>(args, shape, scale, nullptr);
+    }
     if constexpr (is_storage16_v<T>)  // storage only: computed in float
       return forward_storage16<Stencil>(args, shape, scale, stencil_accuracy<T>(), Unit);
   }
   if constexpr (!is_storage16_v<T>)
-    tiled::forward_tiled<T, Stencil>(args, scale, nullptr, [&](const std::vector<index_t>& rows) {
-      forward_declined<T, Stencil>(args, shape, scale, rows);
-    });
+    tiled::forward_tiled<T, Stencil>(
+        args, scale, nullptr,
+        [&](const std::vector<index_t>& rows) { forward_declined<T, Stencil>(args, shape, scale, rows); },
+        bf16::Unit::none, StencilAccuracy::full, row_statistics(args));
 }
 
 /// The CPU backward of one validated call (attention_impl<cpu_t>::backward);
@@ -203,16 +227,19 @@ void run_backward(const BackwardArgs<T>& args, const AttentionShape& shape, doub
       backward_widened<double, Stencil>(args, shape, scale, nullptr, dtau_rows);
       done = true;
     } else if constexpr (is_storage16_v<T>) {  // storage only: computed in float
-      backward_widened<float, Stencil>(args, shape, scale, nullptr, dtau_rows, Unit, stencil_accuracy<T>());
+      backward_widened<float, Stencil>(args, shape, scale, nullptr, dtau_rows, Unit, stencil_accuracy<T>(),
+                                       row_statistics(args));
       done = true;
     }
   }
   if constexpr (!is_storage16_v<T>)
     if (!done)
       dtau_rows = tiled::backward_tiled<T, Stencil>(
-          args, scale, nullptr, [&](const std::vector<index_t>& rows, std::vector<double>& dt) {
+          args, scale, nullptr,
+          [&](const std::vector<index_t>& rows, std::vector<double>& dt) {
             backward_declined<T, Stencil>(args, shape, scale, rows, dt);
-          });
+          },
+          bf16::Unit::none, StencilAccuracy::full, row_statistics(args));
   if (args.grad_temperature) tiled::write_grad_temperature(args, dtau_rows);
 }
 

@@ -22,8 +22,14 @@
 // is the halo (the previous tile's last key), carried over from the previous
 // tile; the segment (halo, first key) gives the halo key its right-hand weight,
 // so W has kBc + 1 columns and the PV product includes the halo key's value.
-// A key's right-hand weight therefore arrives one tile later — the sum is the
-// same α, only grouped differently.
+// A key's right-hand weight therefore arrives one tile later: a row that goes
+// on past a tile holds its last key back (carry) and adds that key's
+// left-hand weight to the next tile's halo column, so that every key's α
+// enters the sums as one term. The row's reference key (its first key at the
+// maximum) and its near keys (ref ± 1; softmax: ref alone) stay out of O and
+// l (near_w) and join them at the end, or when a later tile moves the
+// reference: O and l are then the far keys' sums, which the row statistics
+// for the backward (RowStatistics, when asked for) are made of (MATH.md §6).
 //
 // Backward (MATH.md §6): one task per (batch, key head); the task owns dK, dV of
 // that head and dQ of every query head of its GQA group, and walks key tiles
@@ -34,13 +40,12 @@
 //   S, dP = dO · Vᵀ (GEMMs, kBcBwd columns), E = e^{s - m}/Z, g = (dP - dP_ref) - δ,
 //   P (α / Z), dS (tridiagonal stencil), dV += Pᵀ dO, dK += dSᵀ (c q), dQ += dS K.
 // The row statistics (max m = s_ref, reference key ref, Z, δ = Dl - dP_ref, dS_ref)
-// are recomputed first by one sweep over wider key tiles (kBcStats: S, dP, the
-// running maximum and its key, the forward's weights, Z and Σ α (dP - dP_ref),
-// re-based when the maximum moves), in the reference-key form
-// (reference_grad_score), which does not cancel when attention is
-// concentrated; the caller's lse and out are not read. Each element of a
-// product depends on its own row and column only, so both sweeps form the same
-// S and dP bits whatever their tiles.
+// come from the forward's (RowStatistics: the caller's, else a forward run
+// here on the rows the backward takes): Z̃ and the far keys' Σ α̃ (v − v_ref),
+// whose product with dO is Σ_far α̃ (dP − dP_ref); the near keys' terms are
+// formed here, in the reference-key form (reference_grad_score), which does
+// not cancel when attention is concentrated; the caller's lse and out are
+// not read.
 // Inspection maps (P, π; small inputs): written per finished row by the
 // forward (write_maps), from the same scores and stencil.
 // Masking is structural: every product that sums over keys or queries
@@ -72,6 +77,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <stdexcept>
 #include <vector>
 
 #include <Eigen/Core>
@@ -112,11 +118,6 @@ inline constexpr index_t kSplitKeys = 2048;
 static_assert(kSplitKeys % kBc == 0, "a decode chunk holds whole key tiles");
 inline constexpr index_t kBrBwd = 64;   // query rows per tile (backward)
 inline constexpr index_t kBcBwd = 128;  // keys per tile (backward)
-/// Columns per tile of the backward's statistics sweep (continuum: 510 keys
-/// between two halo keys): it keeps only S, dP and the packed K and V, so its
-/// tiles are wide, and each row's maximum, re-basing and sums run once per 510
-/// keys, not once per 126 (MATH.md §6, "one sweep").
-inline constexpr index_t kBcStats = 512;
 /// Keys per block of the magnitude pass's range maxima (row_eligibility).
 inline constexpr index_t kNormBlock = 128;
 
@@ -834,7 +835,8 @@ inline int for_segment_vectors(index_t c0, index_t c1, Step&& step) {
 /// a segment, and w[c] = α_c e^{-m} = (weight from the left segment + weight
 /// from the right segment) · e^{-m}, with the flat half-token cell e^{s-m}/2 at
 /// the first knot when `half_lo` and at the last when `half_hi`. Returns
-/// Σ_c w[c]. Two passes: e^{s-m} into w, then the segment weights and the
+/// Σ_c w[c] over the knots before the last (c < c1 - 1; the last knot's weight
+/// is w[c1 - 1], which a forward tile may hold back). Two passes: e^{s-m} into w, then the segment weights and the
 /// sum per vector; w is written on [c0, c1 + W - 2) (zeros from c1 on), s is read on
 /// [c0, c1 + W - 1): both buffers carry W spare elements.
 template <class T, StencilAccuracy A = StencilAccuracy::full>
@@ -889,9 +891,8 @@ inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bo
     last_e = e_prev[k];
   }
   // The last knot: its left weight, plus the end half-cell when it has one.
-  const T w_last = last_left + (half_hi ? T(0.5) * last_e : T(0));
-  w[c1 - 1] = w_last;
-  return w_last + hsum<T>(acc);
+  w[c1 - 1] = last_left + (half_hi ? T(0.5) * last_e : T(0));
+  return hsum<T>(acc);
   } else
 #endif
   {
@@ -908,7 +909,7 @@ inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bo
     e_prev = ey;
   }
   w[c1 - 1] = left_prev + (half_hi ? T(0.5) * e_prev : T(0));
-  return sum + w[c1 - 1];
+  return sum;
   }
 }
 
@@ -932,36 +933,6 @@ struct WidenedLanes {
   static V widen(n x) { return __builtin_convertvector(x, V); }
 };
 #endif
-
-/// The statistics sweep's far keys over columns [c0, c1): z += Σ α_c and
-/// e += Σ α_c·(W(dp[c]) − dpref), α_c = W(a[c]).
-template <class T, class W>
-inline void far_key_sums(const T* a, const T* dp, W dpref, index_t c0, index_t c1, W& z, W& e) {
-  W zs = W(0), es = W(0);
-  index_t c = c0;
-#if defined(CONTINUUM_CPU_SIMD)
-  if constexpr (kWidenable<W, T>) {
-    using N = WidenedLanes<W, T>;
-    if (c1 - c0 >= N::L) {
-      typename N::V zv = {}, ev = {};
-      for (; c + N::L <= c1; c += N::L) {
-        const auto al = N::widen(N::load(a + c));
-        zv += al;
-        ev += al * (N::widen(N::load(dp + c)) - dpref);
-      }
-      zs = hsum<W>(zv);
-      es = hsum<W>(ev);
-    }
-  }
-#endif
-  for (; c < c1; ++c) {
-    const W al = W(a[c]);
-    zs += al;
-    es += al * (W(dp[c]) - dpref);
-  }
-  z += zs;
-  e += es;
-}
 
 /// Σ W(x[c]) · W(y[c] − m) over c in [c0, c1), y − m formed in T.
 template <class T, class W>
@@ -1121,14 +1092,79 @@ inline void row_gradient_terms(const T* s, const T* e, const T* dp, T dpref, T d
 // ---------------------------------------------------------------------------
 // Forward.
 // ---------------------------------------------------------------------------
+/// Σ x[c] over c in [c0, c1).
+template <class T>
+inline T row_sum(const T* x, index_t c0, index_t c1) {
+  T sum = T(0);
+  index_t c = c0;
+#if defined(CONTINUUM_CPU_SIMD)
+  if constexpr (kVector<T>) {
+    using S = Simd<T>;
+    if (c1 - c0 >= S::W) {
+      typename S::v acc{};
+      for (; c + S::W <= c1; c += S::W) acc += S::load(x + c);
+      sum = hsum<T>(acc);
+    }
+  }
+#endif
+  for (; c < c1; ++c) sum += x[c];
+  return sum;
+}
+
+/// o += w · v over n values; v in its storage type S is widened into
+/// `scratch` (n values) first.
+template <class T, class S>
+inline void add_scaled(T* o, T w, const S* v, index_t n, T* scratch) {
+  const T* x;
+  if constexpr (std::is_same<S, T>::value) {
+    x = v;
+  } else {
+    convert_n(v, scratch, n);
+    x = scratch;
+  }
+#pragma omp simd
+  for (index_t d = 0; d < n; ++d) o[d] = madd(w, x[d], o[d]);
+}
+
+/// The statistics a forward leaves for its backward, per row of the call
+/// (row id (b·Hq + h)·Lq + i), in the compute type T (MATH.md §6, "row
+/// statistics from the forward"; the layout of RowStats, params.hpp): ref[row]
+/// is the reference key (its first visible key at the maximum; −1 for a row
+/// without statistics), and values[row · (Dv + 5) + …] holds the row
+/// maximum m (= s_ref), the α̃ of keys ref − 1, ref, ref + 1 (0 outside the
+/// row, and for softmax's neighbours), and over the far keys |j − ref| > 1
+/// (softmax: j ≠ ref) Σ α̃_j and the Dv sums Σ α̃_j (v_j − v_ref), α̃ = α e^{-m}.
+template <class T>
+struct RowStatistics {
+  T* values = nullptr;
+  std::conditional_t<std::is_const<T>::value, const index_t, index_t>* ref = nullptr;
+  index_t width = 0;  // Dv + 5
+  explicit operator bool() const { return ref != nullptr; }
+  bool has(index_t row) const { return ref && ref[row] >= 0; }
+  T& m(index_t row) const { return values[row * width]; }
+  T* near(index_t row) const { return values + row * width + 1; }
+  T& far_sum(index_t row) const { return values[row * width + 4]; }
+  T* far_diff(index_t row) const { return values + row * width + 5; }
+};
+
 template <class T>
 struct ForwardWorkspace {
   RowMatrix<T> q;       // kBr × D, rows scaled by c_i
   RowMatrix<T> kt;      // D × kBc: the key tile transposed (packed)
   RowMatrix<T> s;       // kBr × (kBc + 1 + pad): column 0 = halo key, column kBc carries the next halo
   RowMatrix<T> w;       // kBr × (kBc + 1 + pad): weights α e^{-m} (vector tails write the pad)
-  RowMatrix<T> o;       // kBr × Dv accumulators
-  std::vector<T> m, l;
+  RowMatrix<T> o;       // kBr × Dv accumulators of the far keys' terms
+  std::vector<T> m, l;  // running maximum; Σ α e^{-m} of the keys in o
+  // The reference key (the row's first key at the maximum) and its near keys
+  // ref − 1, ref, ref + 1, kept out of o and l (MATH.md §6, "row statistics"):
+  // per row, near_key[3r + k] (key ref − 1 + k, −1 while it has no weight
+  // here) and its α e^{-m}, near_w. A tile's last key, whose right-hand
+  // segment comes with the next tile, is held back from o and l until then:
+  // its left-hand weight `carry` (carry_key −1 when none).
+  std::vector<index_t> ref, near_key, carry_key;
+  std::vector<T> near_w, carry;
+  std::vector<T> vrow;       // one value row widened to T (Dv)
+  RowStatistics<T> stats{};  // where finished rows leave their statistics (none when null)
   std::vector<RowRange> range;
   std::vector<index_t> kb, ke;  // per row, the keys [kb, ke) of its P·V terms in the tile
   std::vector<T> map_s, map_w;  // one row's scores and weights (inspection maps only)
@@ -1144,6 +1180,12 @@ struct ForwardWorkspace {
   StencilAccuracy accuracy = StencilAccuracy::full;
   index_t Dp = 0, Dvp = 0;
   std::vector<std::uint16_t> qb, kp, vp, wb;
+  // With row statistics: the weights' rounding residuals W − W̃, rounded to
+  // bfloat16 in turn (wb_lo), and their P·V product (o_lo), so that the far
+  // keys' Σ α̃ (v − v_ref) is float-accurate while o (and out) stay W̃'s.
+  std::vector<std::uint16_t> wb_lo;
+  RowMatrix<T> o_lo;
+  bool residuals() const { return on_unit() && !wb_lo.empty(); }
   std::vector<T> c, halo, vhalo;
   const T* vh = nullptr;  // the value row of the tile's halo key, in T
   std::vector<char> seen;
@@ -1155,7 +1197,9 @@ struct ForwardWorkspace {
   /// rows: the most query rows of one task (≤ kBr; a decode step has a few);
   /// stage: keys and values stored in another type than T.
   ForwardWorkspace(index_t D, index_t Dv, index_t rows, bf16::Unit on = bf16::Unit::none, bool stage = false)
-      : q(rows, D), kt(D, kBc), m(rows), l(rows), range(rows), kb(rows), ke(rows), unit(on) {
+      : q(rows, D), kt(D, kBc), m(rows), l(rows), ref(rows), near_key(std::size_t(3 * rows)), carry_key(rows),
+        near_w(std::size_t(3 * rows)), carry(rows), range(rows), kb(rows), ke(rows), unit(on) {
+    vrow.resize(std::size_t(Dv));
     if (stage && !on_unit()) vstage.resize(std::size_t((kBc + 1) * Dv));
     if (stage && on_unit()) vhalo.resize(std::size_t(Dv));
     const index_t nr = on_unit() ? round_up(rows, bf16::kRows) : rows;
@@ -1263,20 +1307,42 @@ void write_row(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, index_
                ForwardWorkspace<T>& ws) {
   const index_t Lq = a.query.seq, Lk = a.key.seq, Dv = a.value.dim, Hq = a.query.heads;
   const index_t hk = h / (Hq / a.key.heads);
-  const bool empty = !(ws.l[r] > T(0));
+  T* o = ws.o.row(r).data();
+  const index_t* near_key = ws.near_key.data() + 3 * r;
+  const T* near_w = ws.near_w.data() + 3 * r;
+  const index_t row = (b * Hq + h) * Lq + i;
+  if (ws.stats && ws.ref[r] >= 0) {
+    const RowStatistics<T>& st = ws.stats;
+    const index_t ref = ws.ref[r];
+    st.m(row) = ws.m[r];
+    st.ref[row] = ref;
+    for (index_t k = 0; k < 3; ++k) st.near(row)[k] = near_w[k];
+    st.far_sum(row) = ws.l[r];
+    const S* vr = kv.value.row(b, hk, ref);
+    T* u = st.far_diff(row);
+    for (index_t d = 0; d < Dv; ++d) u[d] = madd(-ws.l[r], T(vr[d]), o[d] + (ws.residuals() ? ws.o_lo(r, d) : T(0)));
+  }
+  // Z̃ and o: the far keys' sums, then the near keys' terms.
+  T z = ws.l[r];
+  for (index_t k = 0; k < 3; ++k)
+    if (near_key[k] >= 0) {
+      add_scaled(o, near_w[k], kv.value.row(b, hk, near_key[k]), Dv, ws.vrow.data());
+      z += near_w[k];
+    }
+  ws.l[r] = z;
+  const bool empty = !(z > T(0));
   T* out = a.out.row(b, h, i);
-  const T inv = empty ? T(0) : T(1) / ws.l[r];
+  const T inv = empty ? T(0) : T(1) / z;
   // A bfloat16 unit: an accumulator can be −0 (a tiny negative sum flushed to
   // zero by the unit), and the 0 · v of a key that only other rows of the task
   // see would then decide its sign (unsigned_zero).
   for (index_t d = 0; d < Dv; ++d) {
-    T x = empty ? T(0) : ws.o(r, d) * inv;
+    T x = empty ? T(0) : o[d] * inv;
     if (ws.on_unit()) x = unsigned_zero(x);
     out[d] = x;
   }
   if (a.lse) a.lse[(b * Hq + h) * Lq + i] = empty ? -std::numeric_limits<T>::infinity() : ws.m[r] + std::log(ws.l[r]);
   if (a.probs || a.cell_mass) {
-    const index_t row = (b * Hq + h) * Lq + i;
     write_maps<T, Stencil>(ws.q.row(r).data(), kv.key, b, hk, ws.range[r], ws.m[r], ws.l[r],
                            a.probs ? a.probs + row * Lk : nullptr, a.cell_mass ? a.cell_mass + row * Lk : nullptr, ws);
   }
@@ -1356,7 +1422,8 @@ void scores_bf16(index_t g0, index_t g1, index_t nr, index_t j0, index_t j1, For
 
 /// Row r's weights W (tile columns [ce0, cv1)) as W̃ = bfloat16(W) for the
 /// P·V product; the halo key's term (column 0, the previous tile's last key,
-/// value row ws.vh) goes into the accumulators first, in float.
+/// value row ws.vh) goes into the accumulators first, in float. With
+/// residuals, W − W̃ likewise (wb_lo, o_lo).
 template <class T>
 void weights_bf16(index_t Dv, index_t ce0, index_t cv1, index_t r, ForwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
@@ -1366,8 +1433,17 @@ void weights_bf16(index_t Dv, index_t ce0, index_t cv1, index_t r, ForwardWorksp
       const T w0 = bf16::round_bf16(wr[0]);
       T* orow = ws.o.row(r).data();
       for (index_t d = 0; d < Dv; ++d) orow[d] = madd(w0, ws.vh[d], orow[d]);
+      if (ws.residuals()) {
+        T* lrow = ws.o_lo.row(r).data();
+        for (index_t d = 0; d < Dv; ++d) lrow[d] = madd(wr[0] - w0, ws.vh[d], lrow[d]);
+      }
     }
     for (index_t cc = std::max<index_t>(ce0, 1); cc < cv1; ++cc) wb[cc - 1] = bf16::bits_rounded(wr[cc]);
+    if (ws.residuals()) {
+      std::uint16_t* lo = ws.wb_lo.data() + r * kBc;
+      for (index_t cc = std::max<index_t>(ce0, 1); cc < cv1; ++cc)
+        lo[cc - 1] = bf16::bits_rounded(wr[cc] - bf16::round_bf16(wr[cc]));
+    }
   }
 }
 
@@ -1377,9 +1453,13 @@ template <class T>
 void accumulate_bf16(index_t g0, index_t g1, index_t nr, index_t n_steps, ForwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
     const index_t ldo = ws.o.cols();
-    for (index_t g = g0; g < g1 && g < nr; g += bf16::kRows)
+    for (index_t g = g0; g < g1 && g < nr; g += bf16::kRows) {
       bf16::accumulate(ws.unit, ws.wb.data() + g * kBc, kBc, n_steps, ws.vp.data(), ws.Dvp, ws.o.data() + g * ldo,
                        ldo, block_rows(g, nr));
+      if (ws.residuals())
+        bf16::accumulate(ws.unit, ws.wb_lo.data() + g * kBc, kBc, n_steps, ws.vp.data(), ws.Dvp,
+                         ws.o_lo.data() + g * ldo, ldo, block_rows(g, nr));
+    }
   }
 }
 
@@ -1407,6 +1487,60 @@ void chunk_halo_bf16(const KeyValue<S>& kv, index_t b, index_t hk, index_t k0, i
                        ? ws.c[std::size_t(r)] * ws.halo[std::size_t(r * bf16::kCols + bf16::kCols - 1)]
                        : T(0);
   }
+}
+
+/// Keys ref − kNear … ref + kNear are the reference key's near keys: its
+/// neighbours on the curve (continuum), or itself alone (softmax).
+template <class Stencil>
+inline constexpr index_t kNear = Stencil::has_halo ? 1 : 0;
+
+/// Row r's reference key becomes `ref` (the first key of a new maximum, in
+/// the current tile): the near keys of the old one that are not near the new
+/// one are far keys now, and their terms join o and l.
+template <class Stencil, class T, class S>
+void move_reference(const KeyValue<S>& kv, index_t b, index_t hk, index_t r, index_t ref, ForwardWorkspace<T>& ws) {
+  index_t* key = ws.near_key.data() + 3 * r;
+  T* w = ws.near_w.data() + 3 * r;
+  const index_t old_key[3] = {key[0], key[1], key[2]};
+  const T old_w[3] = {w[0], w[1], w[2]};
+  for (index_t k = 0; k < 3; ++k) {
+    key[k] = -1;
+    w[k] = T(0);
+  }
+  ws.ref[r] = ref;
+  for (index_t k = 0; k < 3; ++k) {
+    const index_t j = old_key[k];
+    if (j < 0) continue;
+    if (j >= ref - kNear<Stencil> && j <= ref + kNear<Stencil>) {
+      key[j - ref + 1] = j;
+      w[j - ref + 1] = old_w[k];
+    } else {
+      add_scaled(ws.o.row(r).data(), old_w[k], kv.value.row(b, hk, j), kv.value.dim, ws.vrow.data());
+      ws.l[r] += old_w[k];
+    }
+  }
+}
+
+/// Takes the terms of row r's near keys that this tile settles — columns
+/// [c0, c1) of its weights w, key key0 + c at column c, inside the row's
+/// range [lo, hi) — out of w (set to 0) into near_w. Returns the sum of what
+/// it took (−1 when nothing).
+template <class Stencil, class T>
+T take_near_keys(index_t r, T* w, index_t key0, index_t c0, index_t c1, index_t lo, index_t hi,
+                 ForwardWorkspace<T>& ws) {
+  const index_t ref = ws.ref[r];
+  T took = T(-1);
+  if (ref < 0) return took;
+  for (index_t j = std::max(ref - kNear<Stencil>, lo); j <= ref + kNear<Stencil> && j < hi; ++j) {
+    const index_t c = j - key0;
+    if (c < c0 || c >= c1) continue;
+    const std::size_t k = std::size_t(3 * r + (j - ref + 1));
+    ws.near_key[k] = j;
+    ws.near_w[k] += w[c];
+    took = (took < T(0) ? T(0) : took) + w[c];
+    w[c] = T(0);
+  }
+  return took;
 }
 
 /// One task: the query rows [i0, i1) of the nh query heads h0 … h0 + nh − 1 of
@@ -1453,11 +1587,21 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
       }
     ws.m[r] = kNegInf;
     ws.l[r] = T(0);
+    ws.ref[r] = ws.carry_key[r] = -1;
+    ws.carry[r] = T(0);
+    for (index_t k = 0; k < 3; ++k) {
+      ws.near_key[std::size_t(3 * r + k)] = -1;
+      ws.near_w[std::size_t(3 * r + k)] = T(0);
+    }
   }
   // A bfloat16 unit: the rows of the last tile past nr hold zeros (weights) and no scores
   // that are read; each row's products involve its own row only.
   const index_t nr_tiles = ws.on_unit() ? round_up(nr, bf16::kRows) : nr;
   if (ws.on_unit()) std::fill(ws.wb.begin() + nr * kBc, ws.wb.begin() + nr_tiles * kBc, std::uint16_t(0));
+  if (ws.residuals()) {
+    std::fill(ws.wb_lo.begin() + nr * kBc, ws.wb_lo.begin() + nr_tiles * kBc, std::uint16_t(0));
+    ws.o_lo.topRows(nr_tiles).setZero();
+  }
   ws.o.topRows(nr_tiles).setZero();
   kmin = std::max(kmin, ka);  // this task's chunk of keys
   kmax = std::min(kmax, kz);
@@ -1553,6 +1697,7 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
         const index_t vlo = std::max(lo, k0), vhi = std::min(hi, k1);
         ws.kb[r] = ws.ke[r] = 0;
         if (ws.on_unit()) std::fill(ws.wb.begin() + r * kBc, ws.wb.begin() + (r + 1) * kBc, std::uint16_t(0));
+        if (ws.residuals()) std::fill(ws.wb_lo.begin() + r * kBc, ws.wb_lo.begin() + (r + 1) * kBc, std::uint16_t(0));
         if (vlo >= vhi) continue;
         T* sr = ws.s.row(r).data();
         // Tile columns of the visible keys: [cv0, cv1).
@@ -1562,23 +1707,52 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
 #pragma omp simd
           for (index_t cc = cv0; cc < cv1; ++cc) sr[cc] *= cr;
         }
+        const T m_old = ws.m[r];
         const T f = detail::raise_row_max(ws.m[r], row_max(sr, cv0, cv1));
         if (f != T(1)) {
           ws.l[r] *= f;
           T* orow = ws.o.row(r).data();
 #pragma omp simd
           for (index_t d = 0; d < Dv; ++d) orow[d] *= f;
+          if (ws.residuals())
+            for (index_t d = 0; d < Dv; ++d) ws.o_lo(r, d) *= f;
+          for (index_t k = 0; k < 3; ++k) ws.near_w[std::size_t(3 * r + k)] *= f;
+          ws.carry[r] *= f;
         }
         const T m = ws.m[r];
         // The halo (column cv0 - 1) takes part when that key is visible too.
         const index_t ce0 = (Stencil::has_halo && vlo - 1 >= lo) ? cv0 - 1 : cv0;
+        // When the row goes on past this tile, its last key's right-hand
+        // segment comes with the next tile: that key is held back (carry)
+        // and joins the next tile's halo column, so that every key's α
+        // enters o and l as one term, once its near/far role is settled.
+        const bool hold = Stencil::has_halo && hi > k1;
         T lsum;
-        if constexpr (Stencil::has_halo)
+        if constexpr (Stencil::has_halo) {
           lsum = with_accuracy<T>(ws.accuracy, [&](auto acc) {
             return row_continuum_weights<T, decltype(acc)::value>(sr, m, wr, ce0, cv1, lo >= k0, hi <= k1);
           });
-        else
+          if (!hold) lsum += wr[cv1 - 1];
+          if (ws.carry_key[r] >= 0) {  // key k0 − 1, column 0 (ce0 = 0: the row sees it and key k0)
+            wr[0] += ws.carry[r];
+            lsum += ws.carry[r];
+            ws.carry_key[r] = -1;
+          }
+          if (hold) {
+            ws.carry[r] = wr[cv1 - 1];
+            ws.carry_key[r] = key0 + cv1 - 1;
+            wr[cv1 - 1] = T(0);
+          }
+        } else {
           lsum = row_exp_sum(sr, m, wr, ce0, cv1);
+        }
+        if (m > m_old) move_reference<Stencil>(kv, b, hk, r, key0 + row_find(sr, cv0, cv1, m), ws);
+        // The near keys' terms leave the tile's sum: subtracted while they
+        // are at most half of it (the difference then has at most twice the
+        // sum's relative error), else the sum is taken again over what is
+        // left.
+        if (const T took = take_near_keys<Stencil>(r, wr, key0, ce0, hold ? cv1 - 1 : cv1, lo, hi, ws); took >= T(0))
+          lsum = took <= T(0.5) * lsum ? lsum - took : row_sum(wr, ce0, cv1);
         ws.l[r] += lsum;
         // The row's own keys (halo included when visible); staged: their
         // rows of ws.vstage, the tile's columns.
@@ -1605,6 +1779,16 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
 
   for (index_t r = 0; r < nr; ++r) {
     if (partial) {  // one chunk of a split task: its row state, combined later (finish_split)
+      T* orow = ws.o.row(r).data();
+      if (ws.carry_key[r] >= 0) {
+        add_scaled(orow, ws.carry[r], kv.value.row(b, hk, ws.carry_key[r]), Dv, ws.vrow.data());
+        ws.l[r] += ws.carry[r];
+      }
+      for (index_t k = 0; k < 3; ++k)
+        if (const index_t key = ws.near_key[std::size_t(3 * r + k)]; key >= 0) {
+          add_scaled(orow, ws.near_w[std::size_t(3 * r + k)], kv.value.row(b, hk, key), Dv, ws.vrow.data());
+          ws.l[r] += ws.near_w[std::size_t(3 * r + k)];
+        }
       T* pr = partial + r * (Dv + 2);
       pr[0] = ws.m[r];
       pr[1] = ws.l[r];
@@ -1642,6 +1826,8 @@ void finish_split(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, ind
     }
     ws.m[r] = m;
     ws.l[r] = l;
+    ws.ref[r] = -1;  // (the chunks' near keys are in l and o)
+    for (index_t k = 0; k < 3; ++k) ws.near_key[std::size_t(3 * r + k)] = -1;
     write_row<T, Stencil>(a, kv, b, h, i, r, ws);
   }
 }
@@ -1668,11 +1854,13 @@ inline bool task_has_rows(const std::vector<char>& ok, const char* subset, index
 /// accuracy: the stencil's (vector_moments.hpp; bf16 for bfloat16 storage,
 /// MATH.md §10). kv: the keys and values read — a's own, or (S ≠ T) 16-bit
 /// ones read in their storage type (KeyValue; a.key and a.value then give
-/// only their shapes; a unit takes them only as bfloat16).
+/// only their shapes; a unit takes them only as bfloat16). stats: where the
+/// rows computed here leave their statistics for a backward (RowStatistics;
+/// none when empty); asking for them turns the decode split off.
 template <class T, class Stencil, class S, class Declined>
 void forward_tiled(const ForwardArgs<T>& a, const KeyValue<S>& kv, double scale, const char* subset,
                    Declined&& declined, bf16::Unit unit = bf16::Unit::none,
-                   StencilAccuracy accuracy = StencilAccuracy::full) {
+                   StencilAccuracy accuracy = StencilAccuracy::full, RowStatistics<T> stats = {}) {
   const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq, D = a.query.dim;
   const index_t Dv = a.value.dim;
   // Tasks: blocks of kBr query rows of one head; when the whole GQA group's
@@ -1691,7 +1879,7 @@ void forward_tiled(const ForwardArgs<T>& a, const KeyValue<S>& kv, double scale,
   // result is the same on any number of threads, and bitwise the full
   // forward's row wherever no split is used.
   const index_t Lk = a.key.seq;
-  const index_t chunks = (nqb == 1 && Lk >= 2 * kSplitKeys) ? (Lk + kSplitKeys - 1) / kSplitKeys : 1;
+  const index_t chunks = (!stats && nqb == 1 && Lk >= 2 * kSplitKeys) ? (Lk + kSplitKeys - 1) / kSplitKeys : 1;
   std::vector<T> partial(chunks > 1 ? std::size_t(ntasks * chunks * task_rows * (Dv + 2)) : 0);
   const int threads = int(std::max<index_t>(1, std::min<index_t>(resolve_threads(a.num_threads), ntasks)));
   std::vector<char> ok;
@@ -1710,6 +1898,11 @@ void forward_tiled(const ForwardArgs<T>& a, const KeyValue<S>& kv, double scale,
     serial_eigen_in_this_region();
     ForwardWorkspace<T> ws(D, Dv, task_rows, unit, staged);
     ws.accuracy = accuracy;
+    ws.stats = stats;
+    if (stats && ws.on_unit()) {
+      ws.wb_lo.assign(ws.wb.size(), 0);
+      ws.o_lo.resize(ws.o.rows(), ws.o.cols());
+    }
     std::optional<bf16::TileScope> tiles;  // this thread's tile configuration, the caller's restored at the end
     if (unit == bf16::Unit::amx) tiles.emplace();
 #if defined(_OPENMP)
@@ -1754,9 +1947,10 @@ void forward_tiled(const ForwardArgs<T>& a, const KeyValue<S>& kv, double scale,
 /// The forward of a's own keys and values (the arguments above).
 template <class T, class Stencil, class Declined>
 void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, Declined&& declined,
-                   bf16::Unit unit = bf16::Unit::none, StencilAccuracy accuracy = StencilAccuracy::full) {
+                   bf16::Unit unit = bf16::Unit::none, StencilAccuracy accuracy = StencilAccuracy::full,
+                   RowStatistics<T> stats = {}) {
   forward_tiled<T, Stencil>(a, KeyValue<T>{a.key, a.value}, scale, subset, std::forward<Declined>(declined), unit,
-                            accuracy);
+                            accuracy, stats);
 }
 
 // ---------------------------------------------------------------------------
@@ -1766,15 +1960,14 @@ template <class T>
 struct BackwardWorkspace {
   RowMatrix<T> q;    // kBrBwd × D scaled rows c_i q_i
   RowMatrix<T> dout; // kBrBwd × Dv
-  // S and dP tiles, and K and V as their B sides, hold a tile of either
-  // sweep: kBcStats (statistics) or kBcBwd (gradients) keys, halos included.
-  RowMatrix<T> kt, vt;  // D × (kBcStats + 2 + pad), Dv × (…): key/value tile transposed
-  RowMatrix<T> s;    // kBrBwd × (kBcStats + 2 + pad): keys [k0 - 1, k1 + 1)
-  RowMatrix<T> dp;   // kBrBwd × (kBcStats + 2 + pad)
+  // S and dP tiles of kBcBwd keys, halos included, and K and V as their B sides.
+  RowMatrix<T> kt, vt;  // D × (kBcBwd + pad), Dv × (…): key/value tile transposed
+  RowMatrix<T> s;    // kBrBwd × (kBcBwd + pad): keys [k0 - 1, k1 + 1)
+  RowMatrix<T> dp;   // kBrBwd × (kBcBwd + pad)
   RowMatrix<T> p;    // kBrBwd × (kBcBwd + pad): P of the tile's keys (vector tails write the pad)
   RowMatrix<T> ds;   // kBrBwd × (kBcBwd + pad): dS
   RowMatrix<T> dk, dv;  // kBcBwd × D, kBcBwd × Dv
-  std::vector<T> e;  // kBcStats + 2 + 2 pad: a row's weights (statistics) or e^{s - m}/Z (gradients)
+  std::vector<T> e;  // kBcBwd + 2 pad: a row's e^{s - m}/Z
   // Per row of the tile: its visible key columns [ov0, ov1) and keys [kb, ke);
   // per key column: the rows [rb, re) that see it (key_range_gemm).
   std::vector<index_t> ov0 = std::vector<index_t>(kBrBwd), ov1 = std::vector<index_t>(kBrBwd),
@@ -1813,15 +2006,15 @@ struct BackwardWorkspace {
   std::vector<T> dq_small;
   bool any_dk_small = false, any_dv_small = false, any_dq_small = false;
   BackwardWorkspace(index_t D, index_t Dv, bf16::Unit on = bf16::Unit::none)
-      : q(kBrBwd, D), dout(kBrBwd, Dv), kt(D, kBcStats + 2 + kPad<T>), vt(Dv, kBcStats + 2 + kPad<T>),
-        s(kBrBwd, kBcStats + 2 + kPad<T>), dp(kBrBwd, kBcStats + 2 + kPad<T>), p(kBrBwd, kBcBwd + kPad<T>), ds(kBrBwd, kBcBwd + kPad<T>),
-        dk(kBcBwd, D), dv(kBcBwd, Dv), e(kBcStats + 2 + 2 * kPad<T>), unit(on) {
+      : q(kBrBwd, D), dout(kBrBwd, Dv), kt(D, kBcBwd + kPad<T>), vt(Dv, kBcBwd + kPad<T>),
+        s(kBrBwd, kBcBwd + kPad<T>), dp(kBrBwd, kBcBwd + kPad<T>), p(kBrBwd, kBcBwd + kPad<T>), ds(kBrBwd, kBcBwd + kPad<T>),
+        dk(kBcBwd, D), dv(kBcBwd, Dv), e(kBcBwd + 2 * kPad<T>), unit(on) {
     if (on_unit()) {
       Dp = round_up(D, bf16::kStep);
       Dvq = round_up(Dv, bf16::kStep);
-      kp.resize(std::size_t((kBcStats + 2 * bf16::kCols) * Dp));
-      vkp.resize(std::size_t((kBcStats + 2 * bf16::kCols) * Dvq));
-      all_keys.assign(std::size_t(kBcStats + 2 * bf16::kCols), 1);
+      kp.resize(std::size_t((kBcBwd + 2 * bf16::kCols) * Dp));
+      vkp.resize(std::size_t((kBcBwd + 2 * bf16::kCols) * Dvq));
+      all_keys.assign(std::size_t(kBcBwd + 2 * bf16::kCols), 1);
       Dc = round_up(D, bf16::kCols);
       Dvc = round_up(Dv, bf16::kCols);
       dk.resize(kBcBwd, Dc);
@@ -1846,14 +2039,8 @@ struct RowInfo {
   std::vector<T> c, tau, m, inv_l;  // P_ij = e^{s_ij - m_i} · inv_l_i, m_i = s_i,ref
   std::vector<index_t> ref;          // the row's reference key: its first visible key at the maximum
   std::vector<T> dpref, delta, dsref;  // dP at ref; δ = Dl − dP_ref; dS at ref
-  // α̃_ref, Σ_{k≠ref} α̃, Σ α̃ h (far / near ref) and Σ_j dS_ij s_ij (for dτ),
-  // summed in MeasureType<T> (double, or long double for long double).
-  std::vector<MeasureType<T>> a_ref, a_other, e_far, e_near, dts;
-  // The key held back from the statistics' sums (a tile's last visible key,
-  // −1 if none), its α̃ and dP.
-  std::vector<index_t> pend_key;
-  std::vector<MeasureType<T>> pend_alpha;
-  std::vector<T> pend_dp;
+  // Σ_j dS_ij s_ij (for dτ), summed in MeasureType<T> (double, or long double for long double).
+  std::vector<MeasureType<T>> dts;
 };
 
 /// One raw product q·k in W (double or wider), each term rounded (never
@@ -2146,6 +2333,7 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
 
 template <class T, class Stencil>
 void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t hk, double scale,
+                   const RowStatistics<const T>& given, const RowStatistics<const T>& own,
                    BackwardWorkspace<T>& ws,
                    std::vector<RowInfo<T>>& rows /* one per query head of the group */) {
   const bool want_dk = a.grad_key.data != nullptr;
@@ -2171,9 +2359,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     ri.dpref.assign(Lq, T(0));
     ri.delta.assign(Lq, T(0));
     ri.dsref.assign(Lq, T(0));
-    for (auto* v : {&ri.a_ref, &ri.a_other, &ri.e_far, &ri.e_near, &ri.dts, &ri.pend_alpha}) v->assign(Lq, W(0));
-    ri.pend_key.assign(Lq, -1);
-    ri.pend_dp.assign(Lq, T(0));
+    ri.dts.assign(Lq, W(0));
     for (index_t i = 0; i < Lq; ++i) {
       ri.range[i] = row_range(a.visibility, b, i, Lq, Lk);
       ri.tau[i] = temperature_at(a.temperature, b, h, i, Hq, Lq);
@@ -2188,33 +2374,10 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
       }
   }
 
-  // Key tiles of kBcBwd - 2 keys for continuum (kBcStats - 2 in the
-  // statistics sweep): with a halo key on each side the S and dP products
-  // are kBcBwd (kBcStats) columns wide, a whole number of vectors.
+  // Key tiles of kBcBwd - 2 keys for continuum: with a halo key on each side
+  // the S and dP products are kBcBwd columns wide, a whole number of vectors.
   constexpr index_t kTile = Stencil::has_halo ? kBcBwd - 2 : kBcBwd;
-  constexpr index_t kStatsTile = Stencil::has_halo ? kBcStats - 2 : kBcStats;
 
-  // Row statistics, recomputed from Q, K, V, dO (the caller's lse and out are
-  // not read), in the reference-key form (MATH.md §6, reference_grad_score):
-  // with ref_i the row's first visible key at the maximum, m_i = s_i,ref and
-  // h_ij = dP_ij − dP_i,ref (h_ref = 0 exactly),
-  //   δ_i = Dl_i − dP_i,ref = Σ_j α̃_ij h_ij / Z̃_i,   g_ij = dP_ij − Dl_i = h_ij − δ_i,
-  // so that nothing cancels when attention is concentrated on ref (FlashAttention-2's
-  // Dl = dO·o of the rounded output cancels there), and dS_ref comes from
-  // reference_grad_score (a sum of terms without cancellation).
-  // One sweep over the key tiles (S and dP per tile) finds m_i and ref_i on
-  // the way, as the forward finds its running maximum (MATH.md §6, "one
-  // sweep"): when a tile raises the maximum, the sums so far are rescaled by
-  // e^{m_old − m_new} and re-based on the new reference key,
-  //   Σ α̃ (dP − dP_new) = Σ α̃ (dP − dP_old) + (dP_old − dP_new) Σ α̃,
-  // each h formed in W from two T values (for float in double: exact, or
-  // one rounding of 2⁻⁵³), and every key summed so far becomes a far key of
-  // the new ref. A tile's last visible key is held back (pend_*) until the
-  // next tile: its right-hand segment needs the next key's score, which the
-  // running maximum does not include yet (e^{s − m} of a larger score would
-  // exceed 1, and beyond exp's range be wrong), and it is the one key of an
-  // earlier tile that a later ref can have as a neighbour.
-  // Sums: Σ_{ref} α̃, Σ_{k≠ref} α̃, E_far, E_near.
   // The key tile [kk0, kk0 + nk) and its values as the B sides of the score
   // products (nkp columns).
   const auto pack_score_tile = [&](index_t kk0, index_t nk, index_t nkp) {
@@ -2260,132 +2423,55 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
             lds, false);
   };
   if (ws.on_unit()) pack_backward_score_rows_bf16(a, b, hk, group, ws);
+
+  // Row statistics from the forward (MATH.md §6, "row statistics from the
+  // forward"), in the reference-key form: with ref_i the row's first visible
+  // key at the maximum, m_i = s_i,ref and h_ij = dP_ij − dP_i,ref,
+  //   δ_i = Dl_i − dP_i,ref = Σ_j α̃_ij h_ij / Z̃_i,   g_ij = dP_ij − Dl_i = h_ij − δ_i,
+  // so that nothing cancels when attention is concentrated on ref (FlashAttention-2's
+  // Dl = dO·o of the rounded output cancels there), and dS_ref comes from
+  // reference_grad_score (a sum of terms without cancellation). The forward
+  // kept the near keys (ref and its neighbours) apart: Σ_far α̃_j h_j =
+  // dO · Σ_far α̃_j (v_j − v_ref), a product with its far_diff; the near
+  // keys' h are formed here, in W.
   const index_t near = Stencil::has_halo ? 1 : 0;  // continuum's near keys: ref ± 1
-  // Adds key j (weight al in units of e^{m_i}, its dP) to row i's sums.
-  const auto add_key = [near](RowInfo<T>& ri, index_t i, index_t j, W al, T dpj) {
-    const index_t ref = ri.ref[i];
-    if (j == ref) {
-      ri.a_ref[i] += al;
-      return;
-    }
-    ri.a_other[i] += al;
-    const W h = W(dpj) - W(ri.dpref[i]);
-    (j - ref <= near && ref - j <= near ? ri.e_near[i] : ri.e_far[i]) += al * h;
-  };
-  for (index_t k0 = 0; k0 < Lk; k0 += kStatsTile) {
-    const index_t k1 = std::min(k0 + kStatsTile, Lk);
-    const index_t kk0 = Stencil::has_halo ? std::max<index_t>(k0 - 1, 0) : k0;
-    const index_t kk1 = Stencil::has_halo ? std::min(k1 + 1, Lk) : k1;
-    const index_t off = k0 - kk0, nk = kk1 - kk0;
-    const index_t nkp = round_up(nk, kPad<T>);
-    pack_score_tile(kk0, nk, nkp);
-    for (index_t gq = 0; gq < group; ++gq) {
-      RowInfo<T>& ri = rows[gq];
-      for (index_t i0 = 0; i0 < Lq; i0 += kBrBwd) {
-        const index_t i1 = std::min(Lq, i0 + kBrBwd);
-        const index_t nr = i1 - i0;
-        // (the right halo's score is read in the next tile, not here)
-        const auto [j0, j1] = block_columns(ri, i0, i1, k0, k1, kk0, k1, nkp);
-        if (j0 >= j1) continue;
-        tile_scores(gq, ri, i0, nr, j0, j1, nkp);
-        for (index_t r = 0; r < nr; ++r) {
-          const index_t i = i0 + r;
-          const index_t lo = ri.range[i].lo, hi = ri.range[i].hi;
-          if (!(lo < k1 && hi > k0)) continue;
-          const T* sr = ws.s.row(r).data();
-          const T* dpr = ws.dp.row(r).data();
-          const index_t ov0 = std::max(lo, k0) - k0, ov1 = std::min(hi, k1) - k0;
-          // The running maximum; a new one re-bases the sums on its key.
-          const T mt = row_max(sr, ov0 + off, ov1 + off);
-          if (mt > ri.m[i]) {
-            const index_t c = row_find(sr, ov0 + off, ov1 + off, mt);
-            W mw = W(ri.m[i]);
-            const W f = detail::raise_row_max(mw, W(mt));  // 0 while nothing is summed
-            const W shift = W(ri.dpref[i]) - W(dpr[c]);  // h of the old ref against the new
-            ri.e_far[i] = (ri.e_far[i] + ri.e_near[i] + shift * (ri.a_ref[i] + ri.a_other[i])) * f;
-            ri.e_near[i] = W(0);
-            ri.a_other[i] = (ri.a_other[i] + ri.a_ref[i]) * f;
-            ri.a_ref[i] = W(0);
-            ri.pend_alpha[i] *= f;
-            ri.m[i] = mt;
-            ri.ref[i] = kk0 + c;
-            ri.dpref[i] = dpr[c];  // the bits the gradient sweep's dP tile has there
-          }
-          // The row's knots here: the left halo (in m already) and the
-          // tile's keys, not the right halo: its score is not in m yet, so
-          // the segment (last key, k1) is taken in the next tile, at its m.
-          // The weights α e^{-m} are the forward's (row_continuum_weights):
-          // a knot's weight from both its segments here, the half-token cells
-          // of the row's first key (when it is not the held-back one) and
-          // last key; so the held-back key of the previous tile (column 0)
-          // gets its right-hand segment's weight.
-          const index_t kv0 = std::max<index_t>(lo - kk0, 0), kv1 = std::min(hi, k1) - kk0;
-          T* alpha = ws.e.data();
-          if constexpr (Stencil::has_halo)
-            with_accuracy<T>(ws.accuracy, [&](auto acc) {
-              row_continuum_weights<T, decltype(acc)::value>(sr, ri.m[i], alpha, kv0, kv1, lo >= k0, hi <= k1);
-            });
-          else
-            row_exp(sr, alpha, ri.m[i], kv0, kv1);  // softmax: α = e
-          if (ri.pend_key[i] >= 0) {  // the previous tile's last key, k0 − 1 (column 0)
-            W al = ri.pend_alpha[i];
-            if constexpr (Stencil::has_halo) al += W(alpha[0]);  // its right-hand segment
-            add_key(ri, i, ri.pend_key[i], al, ri.pend_dp[i]);
-            ri.pend_key[i] = -1;
-          }
-          // The tile's last visible key is held back; far keys (|j − ref| >
-          // near) in one vector loop on each side of ref, then ref and its
-          // neighbours.
-          const index_t last = ov1 - 1;
-          const index_t ref = ri.ref[i];
-          const W dpref = W(ri.dpref[i]);
-          const index_t rc = ref - k0;  // ref's column (may lie outside the tile)
-          W zf = 0, ef = 0;
-          auto far = [&](index_t c0, index_t c1) {  // (column c is c + off of the halo-extended rows)
-            far_key_sums<T, W>(alpha + off, dpr + off, dpref, c0, c1, zf, ef);
-          };
-          far(ov0, std::min(last, std::max(ov0, rc - near)));
-          far(std::max(ov0, std::min(last, rc + near + 1)), last);
-          ri.a_other[i] += zf;
-          ri.e_far[i] += ef;
-          for (index_t c = std::max(ov0, rc - near); c < std::min(last, rc + near + 1); ++c)
-            add_key(ri, i, k0 + c, W(alpha[c + off]), dpr[c + off]);
-          ri.pend_key[i] = k0 + last;
-          ri.pend_alpha[i] = W(alpha[last + off]);
-          ri.pend_dp[i] = dpr[last + off];
-        }
+  for (index_t gq = 0; gq < group; ++gq) {
+    const index_t h = hk * group + gq;
+    RowInfo<T>& ri = rows[gq];
+    for (index_t i = 0; i < Lq; ++i) {
+      const RowRange rg = ri.range[i];
+      if (rg.hi <= rg.lo) continue;
+      const index_t row = (b * Hq + h) * Lq + i;
+      const RowStatistics<const T>& st = given.has(row) ? given : own;
+      const index_t ref = st.ref[row];
+      const T* nw = st.near(row);
+      const W a_ref = W(nw[1]), a_other = W(st.far_sum(row)) + W(nw[0]) + W(nw[2]);
+      const W z = a_ref + a_other;
+      if (ref < 0 || !(z > 0)) {
+        ri.range[i] = {0, 0};
+        continue;
       }
-    }
-  }
-  {
-    for (index_t gq = 0; gq < group; ++gq) {
-      const index_t h = hk * group + gq;
-      RowInfo<T>& ri = rows[gq];
-      for (index_t i = 0; i < Lq; ++i) {
-        const RowRange rg = ri.range[i];
-        if (rg.hi <= rg.lo) continue;
-        if (ri.pend_key[i] >= 0) add_key(ri, i, ri.pend_key[i], ri.pend_alpha[i], ri.pend_dp[i]);
-        const W z = ri.a_ref[i] + ri.a_other[i];
-        if (!(z > 0)) {
-          ri.range[i] = {0, 0};
-          continue;
-        }
-        ri.inv_l[i] = T(W(1) / z);
-        ri.delta[i] = T((ri.e_far[i] + ri.e_near[i]) / z);
-        // Raw scores and dP in W from the stored data (not the scaled tile),
-        // shifted by the raw score of ref: s_k − s_ref = c·(r_k − r_ref).
-        const T* qi = a.query.row(b, h, i);
-        const T* go = a.grad_out.row(b, h, i);
-        const index_t ref = ri.ref[i];
-        const W cw = W(scale) / W(ri.tau[i]);
-        const W mraw = wide_dot<W>(qi, a.key.row(b, hk, ref), D);
-        const W dpref = wide_dot<W>(go, a.value.row(b, hk, ref), Dv);
-        const auto score = [&](index_t j) { return cw * (wide_dot<W>(qi, a.key.row(b, hk, j), D) - mraw); };
-        const auto dp = [&](index_t j) { return wide_dot<W>(go, a.value.row(b, hk, j), Dv); };
-        const W zds = detail::reference_grad_score<Stencil>(rg.lo, rg.hi, ref, score, dp, dpref, ri.a_ref[i],
-                                                            ri.a_other[i], z, ri.e_far[i], ri.e_near[i]);
-        ri.dsref[i] = T(zds / z);
-      }
+      ri.m[i] = st.m(row);
+      ri.ref[i] = ref;
+      // Raw scores and dP in W from the stored data (not the scaled tile),
+      // shifted by the raw score of ref: s_k − s_ref = c·(r_k − r_ref).
+      const T* qi = a.query.row(b, h, i);
+      const T* go = a.grad_out.row(b, h, i);
+      const W cw = W(scale) / W(ri.tau[i]);
+      const W mraw = wide_dot<W>(qi, a.key.row(b, hk, ref), D);
+      const W dpref = wide_dot<W>(go, a.value.row(b, hk, ref), Dv);
+      const auto score = [&](index_t j) { return cw * (wide_dot<W>(qi, a.key.row(b, hk, j), D) - mraw); };
+      const auto dp = [&](index_t j) { return wide_dot<W>(go, a.value.row(b, hk, j), Dv); };
+      W e_near = W(0);
+      for (index_t j = std::max(ref - near, rg.lo); j <= ref + near && j < rg.hi; ++j)
+        if (j != ref) e_near += W(nw[j - ref + 1]) * (dp(j) - dpref);
+      const W e_far = wide_dot<W>(go, st.far_diff(row), Dv);
+      ri.inv_l[i] = T(W(1) / z);
+      ri.delta[i] = T((e_far + e_near) / z);
+      ri.dpref[i] = T(dpref);
+      const W zds =
+          detail::reference_grad_score<Stencil>(rg.lo, rg.hi, ref, score, dp, dpref, a_ref, a_other, z, e_far, e_near);
+      ri.dsref[i] = T(zds / z);
     }
   }
 
@@ -2424,9 +2510,17 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
           T* dsr = ws.ds.row(r).data();
           ws.ov0[r] = ws.ov1[r] = ws.kb[r] = ws.ke[r] = 0;
           if (!(lo < k1 && hi > k0)) continue;
-          const T* sr = ws.s.row(r).data();
-          const T* dpr = ws.dp.row(r).data();
+          T* sr = ws.s.row(r).data();
+          T* dpr = ws.dp.row(r).data();
           const T m = ri.m[i], inv_l = ri.inv_l[i], dpref = ri.dpref[i], delta = ri.delta[i];
+          // At ref the tile takes the row statistics' own values (the
+          // forward's score and this dP_ref agree with the tile's products to
+          // rounding, not bit for bit), so that s_ref − m = 0 and h_ref = 0
+          // exactly: the reference-key form rests on them.
+          if (ri.ref[i] >= kk0 && ri.ref[i] < kk1) {
+            sr[ri.ref[i] - kk0] = m;
+            dpr[ri.ref[i] - kk0] = dpref;
+          }
           // Visible knots of the extended tile (columns [kv0, kv1)) and the
           // visible output columns [ov0, ov1) (column c of p/ds is key k0 + c).
           const index_t kv0 = std::max<index_t>(lo - kk0, 0), kv1 = std::min(hi - kk0, nk);
@@ -2538,7 +2632,8 @@ void write_grad_temperature(const BackwardArgs<T>& a, const std::vector<double>&
 /// terms -(1/τ_i) Σ_j dS_ij s_ij (empty when no dτ is wanted).
 template <class T, class Stencil>
 std::vector<double> backward_run(const BackwardArgs<T>& a, const char* ok, double scale, int threads,
-                                       index_t group, bf16::Unit unit, StencilAccuracy accuracy) {
+                                       index_t group, bf16::Unit unit, StencilAccuracy accuracy,
+                                       const RowStatistics<const T>& given, const RowStatistics<const T>& own) {
   const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
   const index_t D = a.query.dim, Dv = a.value.dim;
   const index_t ntasks = B * Hk;
@@ -2560,7 +2655,7 @@ std::vector<double> backward_run(const BackwardArgs<T>& a, const char* ok, doubl
 #endif
     for (index_t task = 0; task < ntasks; ++task) {
       const index_t b = task / Hk, hk = task % Hk;
-      backward_head<T, Stencil>(a, ok, b, hk, scale, ws, rows);
+      backward_head<T, Stencil>(a, ok, b, hk, scale, given, own, ws, rows);
       if (a.grad_temperature)
         for (index_t gq = 0; gq < group; ++gq) {
           const index_t h = hk * group + gq;
@@ -2580,11 +2675,13 @@ std::vector<double> backward_run(const BackwardArgs<T>& a, const char* ok, doubl
 /// Rows the tiled kernel in T does not take (row_eligibility) are handed to
 /// declined(rows, dtau_rows), which writes their dQ, adds their dK, dV terms
 /// and sets their dτ terms (backends/cpu.hpp). unit and accuracy as for
-/// forward_tiled.
+/// forward_tiled. given: the forward's row statistics (RowStatistics, in T),
+/// where it left them; the others are computed here.
 template <class T, class Stencil, class Declined>
 std::vector<double> backward_tiled(const BackwardArgs<T>& a, double scale, const char* subset, Declined&& declined,
                                    bf16::Unit unit = bf16::Unit::none,
-                                   StencilAccuracy accuracy = StencilAccuracy::full) {
+                                   StencilAccuracy accuracy = StencilAccuracy::full,
+                                   RowStatistics<const T> given = {}) {
   const index_t B = a.query.batch, Hq = a.query.heads, Hk = a.key.heads, Lq = a.query.seq;
   const index_t group = Hk > 0 ? Hq / Hk : 0;  // Hk = 0 (nothing to do): no division by zero
   const index_t ntasks = B * Hk;
@@ -2595,8 +2692,47 @@ std::vector<double> backward_tiled(const BackwardArgs<T>& a, double scale, const
                                               scale, threads, subset, ok, unit != bf16::Unit::none);
   const char* okp = subset || rejected ? ok.data() : nullptr;
   std::vector<double> dtau_rows;
-  if (ntasks > 0)
-    dtau_rows = backward_run<T, Stencil>(a, okp, scale, threads, group, unit, accuracy);
+  if (ntasks > 0) {
+    // The row statistics: the caller's (given), else the forward of the rows
+    // taken here, in T with the same products and stencil (its output is not
+    // needed), into `own`.
+    const index_t rows = B * Hq * Lq, width = row_stats_width(a.value.dim);
+    if (given)
+      for (index_t r = 0; r < rows; ++r) {
+        const RowRange rg = row_range(a.visibility, r / (Hq * Lq), r % Lq, Lq, a.key.seq);
+        if (given.has(r) && (given.ref[r] < rg.lo || given.ref[r] >= rg.hi))
+          throw std::invalid_argument("continuum: the row statistics passed to the backward name a reference key "
+                                      "outside their row's visible keys (statistics of another call?)");
+      }
+    std::vector<char> taken(std::size_t(rows), 0);
+    index_t missing = 0;
+    for (index_t r = 0; r < rows; ++r)
+      missing += taken[std::size_t(r)] = (!okp || ok[std::size_t(r)] == kTiled) && !given.has(r);
+    std::vector<T> values, out;
+    std::vector<index_t> ref;
+    RowStatistics<T> own;
+    if (missing > 0) {
+      values.resize(std::size_t(rows * width));
+      out.resize(std::size_t(rows * a.value.dim));
+      ref.assign(std::size_t(rows), -1);
+      own = {values.data(), ref.data(), width};
+      ForwardArgs<T> fa;
+      static_cast<AttentionOptions<T>&>(fa) = a;
+      fa.num_threads = threads;
+      fa.query = a.query;
+      fa.key = a.key;
+      fa.value = a.value;
+      fa.out = TensorView<T>::bhsd(out.data(), B, Hq, Lq, a.value.dim);
+      forward_tiled<T, Stencil>(
+          fa, scale, taken.data(),
+          [](const std::vector<index_t>&) {
+            throw std::logic_error("continuum: the backward's forward declined a row that the backward takes");
+          },
+          unit, accuracy, own);
+    }
+    dtau_rows = backward_run<T, Stencil>(a, okp, scale, threads, group, unit, accuracy, given,
+                                         RowStatistics<const T>{own.values, own.ref, width});
+  }
   else if (a.grad_temperature)
     dtau_rows.assign(std::size_t(B * Hq * Lq), 0.0);
   if (rejected > 0) {

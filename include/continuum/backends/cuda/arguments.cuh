@@ -52,6 +52,8 @@ AttentionShape validate_forward_device(const ForwardArgs<T>& a, double* scale_ou
   const char* fn = "attention_forward(cuda)";
   if (a.probs != nullptr || a.cell_mass != nullptr)
     detail::fail(fn, "probs / cell_mass: inspection outputs are CPU-only, pass null");
+  if (a.row_stats.values != nullptr || a.row_stats.ref != nullptr)
+    detail::fail(fn, "row_stats: the CPU backward's row statistics come from a CPU forward only, pass null");
   const AttentionShape s = validate_forward(a, scale_out, device_options<T>(fn, a.compute));
   check_cuda_limits(fn, s);
   return s;
