@@ -181,8 +181,8 @@ struct ForwardArgs : AttentionOptions<T> {
   /// Empty rows get -inf. Computed in the compute type and rounded once to
   /// the accumulator type (T for float/double; float for the CUDA backend's
   /// 16-bit storage types), so it is ±inf when log Z_i is outside that range
-  /// (tiny τ, huge scores). The CPU backward does not need it (it recomputes
-  /// the row statistics); the CUDA backward reads it.
+  /// (tiny τ, huge scores). The CPU backward does not need it (it takes the
+  /// row statistics, row_stats, or computes them); the CUDA backward reads it.
   accum_t<T>* lse = nullptr;
   /// Optional inspection outputs, [B, Hq, Lq, Lk] contiguous (small inputs
   /// only): P (the weights that multiply the values) and π (cell masses),
