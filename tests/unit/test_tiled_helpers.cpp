@@ -3,8 +3,8 @@
 // - pack_transposed (the K/V tile packing: W × W blocks transposed in
 //   registers, scalar edges, zero padding): dst[d·ldd + c] = src[c·lds + d]
 //   (c < n), 0 (n ≤ c < ldd);
-// - row_find (where the backward's statistics sweep finds a new row maximum:
-//   whole vectors compared, the lane from the mask): the first c in [c0, c1)
+// - row_find (where the forward finds the column of a new row maximum, the
+//   reference key: whole vectors compared, the lane from the mask): the first c in [c0, c1)
 //   with s[c] == v, c1 when there is none.
 #include <catch2/catch.hpp>
 
