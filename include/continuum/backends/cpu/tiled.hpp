@@ -1156,8 +1156,8 @@ struct ForwardWorkspace {
   RowMatrix<T> o;       // kBr × Dv accumulators of the far keys' terms
   std::vector<T> m, l;  // running maximum; Σ α e^{-m} of the keys in o
   // The reference key (the row's first key at the maximum) and its near keys
-  // ref − 1, ref, ref + 1, kept out of o and l (MATH.md §6, "row statistics"):
-  // per row, near_key[3r + k] (key ref − 1 + k, −1 while it has no weight
+  // ref − 1, ref, ref + 1, kept out of o and l (MATH.md §6, "row statistics
+  // from the forward"): per row, near_key[3r + k] (key ref − 1 + k, −1 while it has no weight
   // here) and its α e^{-m}, near_w. A tile's last key, whose right-hand
   // segment comes with the next tile, is held back from o and l until then:
   // its left-hand weight `carry` (carry_key −1 when none).
