@@ -43,7 +43,16 @@
 //   |ΔdQ_i| ≤ u c_i Σ_j |dS_ij| |k_j| ≤ u · c_max · max_i Σ_j |dS_ij| · max|k|,
 // one more u times the gradient's term scale (harness.hpp, grad_term_scales,
 // from the reference's P and dS), on top of the output rounding u · max-abs.
-// dτ is summed from the float dS (unchanged). Both units' instructions flush
+// The forward's row statistics come from the same W̃: the far keys' Σ W̃_j
+// (v_j − v_ref) (MATH.md §6) gives each row's δ = Σ_j P_ij h_ij (h_ij = dP_ij −
+// dP_i,ref) an error |Δδ_i| ≤ u Σ_j P_ij |h_ij| = u H_i, which moves every dS_ij
+// of the row by P_ij Δδ_i:
+//   |ΔdQ_i| ≤ u c_i H_i Σ_j P_ij |k_j| ≤ u · c_max · max_i H_i · max|k|,
+//   |ΔdK_j| ≤ u Σ_i c_i P_ij H_i |q_i| ≤ u · c_max · max_j Σ_i P_ij H_i · max|q|,
+// added to dQ's and dK's term scales (harness.hpp, delta_term_scales); dV
+// does not involve δ. dτ is summed from the float dS, corrected after the
+// sweep with the δ of the backward's own float P and dP (MATH.md §6, "dτ and
+// the error of δ"): the float bound. Both units' instructions flush
 // denormal inputs and outputs to zero: a flushed term is below 2^-126 times
 // the largest operand in absolute size, far below the bound here; the
 // concentrated case below (τ = 0.01, scores 100s apart) has weights far into
@@ -269,8 +278,9 @@ double max_abs_of(const Tensor<float>& t) {
 }
 
 /// The 256-bit reference of a case: its problem, forward and backward, and
-/// each gradient element's term scales (harness.hpp's grad_term_scales), which
-/// the bfloat16 units' gradient bound is relative to (MATH.md §10).
+/// the term scales the bfloat16 units' gradient bound is relative to (header;
+/// MATH.md §10): harness.hpp's grad_term_scales, with delta_term_scales' δ
+/// terms added to dq and dk.
 struct ReferenceRun {
   continuum::reference::Problem<mp> p;
   continuum::reference::ForwardResult<mp> f;
@@ -281,7 +291,11 @@ struct ReferenceRun {
       : p(c.template problem<mp>()),
         f(continuum::reference::forward(p)),
         g(continuum::reference::backward(p, c.template grad_out_ref<mp>())),
-        terms(grad_term_scales(p, f, g, max_abs_of(c.dout))) {}
+        terms(grad_term_scales(p, f, g, max_abs_of(c.dout))) {
+    const DeltaTermScales e = delta_term_scales(p, f, c.template grad_out_ref<mp>());
+    terms.dq += e.dq;
+    terms.dk += e.dk;
+  }
 };
 
 }  // namespace
@@ -654,6 +668,52 @@ TEST_CASE("bfloat16 units: operands small enough for the unit to flush go withou
     CHECK(dq.max_abs <= (btol + u + 12 * eps_stencil) * dq.ref_scale + u * terms.dq);
     CHECK(dk.max_abs <= (btol + u + 12 * eps_stencil) * dk.ref_scale + u * terms.dk);
     CHECK(dv.max_abs <= (btol + u + 12 * eps_stencil) * dv.ref_scale + u * terms.dv);
+  }
+}
+
+TEST_CASE("bfloat16 units: values with a common offset leave δ's error relative to v − v_ref",
+          "[operator][bfloat16]") {
+  // Every value row is 32 + a small part (bfloat16 steps of 1/4): dP_ij =
+  // dO_i · v_j is dominated by dO_i · 32, the same for every key, while
+  // h_ij = dP_ij − dP_i,ref is not. The row statistics' far sums take the
+  // weights rounded to bfloat16 as o does, so Σ W̃_j (v_j − v_ref) must pair
+  // each W̃_j with its own term (MATH.md §6): δ's error is then u Σ_j P_ij
+  // |h_ij| (the header's δ term), not u Σ_j P_ij |dP_ij|, about 30 times more
+  // here. Concentrated (τ = 0.1) so that the rounding errors of the few
+  // heavy weights do not average out.
+  const UnitTests units;
+  if (units.list.empty()) return;
+  use_mp_precision();
+  const int kernel = GENERATE(0, 1);
+  Case<float> c;
+  setup(c, 3, 0, kernel, 7070);
+  c.tau = 0.1f;
+  c.v.for_each([](float& x) { x = 32.0f + std::round(4.0f * x) / 4.0f; });
+  round_inputs(c);
+  const ReferenceRun ref(c);
+  const auto& f = ref.f;
+  const auto& g = ref.g;
+  const GradTermScales& terms = ref.terms;
+  const double u = std::ldexp(1.0, -8), eps_stencil = kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
+  const double max_s = max_abs(f.scores);
+  for (const auto unit : units.list) {
+    units.select(unit);
+    const std::string label = "bfloat16" + unit_label() + " offset values";
+    INFO(label << " kernel " << kernel << " max|s| " << max_s);
+    Bf16Call x(c);
+    std::vector<float> lse, dtau;
+    forward16(c, x, lse);
+    backward16(c, x, dtau);
+    const double btol = backward_tolerance<float>(max_s, c.D);
+    const Error dq = compare(x.dq.contiguous(), g.grad_query), dk = compare(x.dk.contiguous(), g.grad_key),
+                dv = compare(x.dv.contiguous(), g.grad_value), dt = compare(dtau, g.grad_temperature);
+    record("backward dQ " + label, dq.rel());
+    record("backward dK " + label, dk.rel());
+    record("backward dtau " + label, dt.rel());
+    CHECK(dq.max_abs <= (btol + u + 12 * eps_stencil) * dq.ref_scale + u * terms.dq);
+    CHECK(dk.max_abs <= (btol + u + 12 * eps_stencil) * dk.ref_scale + u * terms.dk);
+    CHECK(dv.max_abs <= (btol + u + 12 * eps_stencil) * dv.ref_scale + u * terms.dv);
+    CHECK(dt.max_abs <= (btol + 12 * eps_stencil) * std::max(dt.ref_scale, 1e-300));
   }
 }
 

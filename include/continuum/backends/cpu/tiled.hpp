@@ -1155,6 +1155,10 @@ struct ForwardWorkspace {
   RowMatrix<T> w;       // kBr × (kBc + 1 + pad): weights α e^{-m} (vector tails write the pad)
   RowMatrix<T> o;       // kBr × Dv accumulators of the far keys' terms
   std::vector<T> m, l;  // running maximum; Σ α e^{-m} of the keys in o
+  // A bfloat16 unit with row statistics: Σ (W̃ − W) over the keys whose
+  // rounded weights W̃ went into o (on the scale of l), so that o − (l + rho)
+  // v_ref is Σ W̃ (v − v_ref) (write_row).
+  std::vector<T> rho;
   // The reference key (the row's first key at the maximum) and its near keys
   // ref − 1, ref, ref + 1, kept out of o and l (MATH.md §6, "row statistics
   // from the forward"): per row, near_key[3r + k] (key ref − 1 + k, −1 while it has no weight
@@ -1180,12 +1184,6 @@ struct ForwardWorkspace {
   StencilAccuracy accuracy = StencilAccuracy::full;
   index_t Dp = 0, Dvp = 0;
   std::vector<std::uint16_t> qb, kp, vp, wb;
-  // With row statistics: the weights' rounding residuals W − W̃, rounded to
-  // bfloat16 in turn (wb_lo), and their P·V product (o_lo), so that the far
-  // keys' Σ α̃ (v − v_ref) is float-accurate while o (and out) stay W̃'s.
-  std::vector<std::uint16_t> wb_lo;
-  RowMatrix<T> o_lo;
-  bool residuals() const { return on_unit() && !wb_lo.empty(); }
   std::vector<T> c, halo, vhalo;
   const T* vh = nullptr;  // the value row of the tile's halo key, in T
   std::vector<char> seen;
@@ -1197,7 +1195,7 @@ struct ForwardWorkspace {
   /// rows: the most query rows of one task (≤ kBr; a decode step has a few);
   /// stage: keys and values stored in another type than T.
   ForwardWorkspace(index_t D, index_t Dv, index_t rows, bf16::Unit on = bf16::Unit::none, bool stage = false)
-      : q(rows, D), kt(D, kBc), m(rows), l(rows), ref(rows), near_key(std::size_t(3 * rows)), carry_key(rows),
+      : q(rows, D), kt(D, kBc), m(rows), l(rows), rho(rows), ref(rows), near_key(std::size_t(3 * rows)), carry_key(rows),
         near_w(std::size_t(3 * rows)), carry(rows), range(rows), kb(rows), ke(rows), unit(on) {
     vrow.resize(std::size_t(Dv));
     if (stage && !on_unit()) vstage.resize(std::size_t((kBc + 1) * Dv));
@@ -1320,7 +1318,8 @@ void write_row(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, index_
     st.far_sum(row) = ws.l[r];
     const S* vr = kv.value.row(b, hk, ref);
     T* u = st.far_diff(row);
-    for (index_t d = 0; d < Dv; ++d) u[d] = madd(-ws.l[r], T(vr[d]), o[d] + (ws.residuals() ? ws.o_lo(r, d) : T(0)));
+    const T lw = ws.l[r] + ws.rho[r];  // the weights o holds (W̃ where rounded)
+    for (index_t d = 0; d < Dv; ++d) u[d] = madd(-lw, T(vr[d]), o[d]);
   }
   // Z̃ and o: the far keys' sums, then the near keys' terms.
   T z = ws.l[r];
@@ -1422,8 +1421,8 @@ void scores_bf16(index_t g0, index_t g1, index_t nr, index_t j0, index_t j1, For
 
 /// Row r's weights W (tile columns [ce0, cv1)) as W̃ = bfloat16(W) for the
 /// P·V product; the halo key's term (column 0, the previous tile's last key,
-/// value row ws.vh) goes into the accumulators first, in float. With
-/// residuals, W − W̃ likewise (wb_lo, o_lo).
+/// value row ws.vh) goes into the accumulators first, in float. With row
+/// statistics, Σ (W̃ − W) of the row's terms goes to ws.rho.
 template <class T>
 void weights_bf16(index_t Dv, index_t ce0, index_t cv1, index_t r, ForwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
@@ -1433,16 +1432,15 @@ void weights_bf16(index_t Dv, index_t ce0, index_t cv1, index_t r, ForwardWorksp
       const T w0 = bf16::round_bf16(wr[0]);
       T* orow = ws.o.row(r).data();
       for (index_t d = 0; d < Dv; ++d) orow[d] = madd(w0, ws.vh[d], orow[d]);
-      if (ws.residuals()) {
-        T* lrow = ws.o_lo.row(r).data();
-        for (index_t d = 0; d < Dv; ++d) lrow[d] = madd(wr[0] - w0, ws.vh[d], lrow[d]);
-      }
+      if (ws.stats) ws.rho[r] += w0 - wr[0];
     }
-    for (index_t cc = std::max<index_t>(ce0, 1); cc < cv1; ++cc) wb[cc - 1] = bf16::bits_rounded(wr[cc]);
-    if (ws.residuals()) {
-      std::uint16_t* lo = ws.wb_lo.data() + r * kBc;
-      for (index_t cc = std::max<index_t>(ce0, 1); cc < cv1; ++cc)
-        lo[cc - 1] = bf16::bits_rounded(wr[cc] - bf16::round_bf16(wr[cc]));
+    const index_t c0 = std::max<index_t>(ce0, 1);
+    for (index_t cc = c0; cc < cv1; ++cc) wb[cc - 1] = bf16::bits_rounded(wr[cc]);
+    if (ws.stats) {
+      T rho = T(0);
+#pragma omp simd reduction(+ : rho)
+      for (index_t cc = c0; cc < cv1; ++cc) rho += bf16::round_bf16(wr[cc]) - wr[cc];
+      ws.rho[r] += rho;
     }
   }
 }
@@ -1453,13 +1451,9 @@ template <class T>
 void accumulate_bf16(index_t g0, index_t g1, index_t nr, index_t n_steps, ForwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
     const index_t ldo = ws.o.cols();
-    for (index_t g = g0; g < g1 && g < nr; g += bf16::kRows) {
+    for (index_t g = g0; g < g1 && g < nr; g += bf16::kRows)
       bf16::accumulate(ws.unit, ws.wb.data() + g * kBc, kBc, n_steps, ws.vp.data(), ws.Dvp, ws.o.data() + g * ldo,
                        ldo, block_rows(g, nr));
-      if (ws.residuals())
-        bf16::accumulate(ws.unit, ws.wb_lo.data() + g * kBc, kBc, n_steps, ws.vp.data(), ws.Dvp,
-                         ws.o_lo.data() + g * ldo, ldo, block_rows(g, nr));
-    }
   }
 }
 
@@ -1586,7 +1580,7 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
         for (index_t d = 0; d < D; ++d) qb[d] = bf16::bits_exact(qi[d]);
       }
     ws.m[r] = kNegInf;
-    ws.l[r] = T(0);
+    ws.l[r] = ws.rho[r] = T(0);
     ws.ref[r] = ws.carry_key[r] = -1;
     ws.carry[r] = T(0);
     for (index_t k = 0; k < 3; ++k) {
@@ -1598,10 +1592,6 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
   // that are read; each row's products involve its own row only.
   const index_t nr_tiles = ws.on_unit() ? round_up(nr, bf16::kRows) : nr;
   if (ws.on_unit()) std::fill(ws.wb.begin() + nr * kBc, ws.wb.begin() + nr_tiles * kBc, std::uint16_t(0));
-  if (ws.residuals()) {
-    std::fill(ws.wb_lo.begin() + nr * kBc, ws.wb_lo.begin() + nr_tiles * kBc, std::uint16_t(0));
-    ws.o_lo.topRows(nr_tiles).setZero();
-  }
   ws.o.topRows(nr_tiles).setZero();
   kmin = std::max(kmin, ka);  // this task's chunk of keys
   kmax = std::min(kmax, kz);
@@ -1697,7 +1687,6 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
         const index_t vlo = std::max(lo, k0), vhi = std::min(hi, k1);
         ws.kb[r] = ws.ke[r] = 0;
         if (ws.on_unit()) std::fill(ws.wb.begin() + r * kBc, ws.wb.begin() + (r + 1) * kBc, std::uint16_t(0));
-        if (ws.residuals()) std::fill(ws.wb_lo.begin() + r * kBc, ws.wb_lo.begin() + (r + 1) * kBc, std::uint16_t(0));
         if (vlo >= vhi) continue;
         T* sr = ws.s.row(r).data();
         // Tile columns of the visible keys: [cv0, cv1).
@@ -1711,11 +1700,10 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
         const T f = detail::raise_row_max(ws.m[r], row_max(sr, cv0, cv1));
         if (f != T(1)) {
           ws.l[r] *= f;
+          ws.rho[r] *= f;
           T* orow = ws.o.row(r).data();
 #pragma omp simd
           for (index_t d = 0; d < Dv; ++d) orow[d] *= f;
-          if (ws.residuals())
-            for (index_t d = 0; d < Dv; ++d) ws.o_lo(r, d) *= f;
           for (index_t k = 0; k < 3; ++k) ws.near_w[std::size_t(3 * r + k)] *= f;
           ws.carry[r] *= f;
         }
@@ -1899,10 +1887,6 @@ void forward_tiled(const ForwardArgs<T>& a, const KeyValue<S>& kv, double scale,
     ForwardWorkspace<T> ws(D, Dv, task_rows, unit, staged);
     ws.accuracy = accuracy;
     ws.stats = stats;
-    if (stats && ws.on_unit()) {
-      ws.wb_lo.assign(ws.wb.size(), 0);
-      ws.o_lo.resize(ws.o.rows(), ws.o.cols());
-    }
     std::optional<bf16::TileScope> tiles;  // this thread's tile configuration, the caller's restored at the end
     if (unit == bf16::Unit::amx) tiles.emplace();
 #if defined(_OPENMP)
@@ -2039,8 +2023,11 @@ struct RowInfo {
   std::vector<T> c, tau, m, inv_l;  // P_ij = e^{s_ij - m_i} · inv_l_i, m_i = s_i,ref
   std::vector<index_t> ref;          // the row's reference key: its first visible key at the maximum
   std::vector<T> dpref, delta, dsref;  // dP at ref; δ = Dl − dP_ref; dS at ref
-  // Σ_j dS_ij s_ij (for dτ), summed in MeasureType<T> (double, or long double for long double).
-  std::vector<MeasureType<T>> dts;
+  // For dτ, summed in MeasureType<T> (double, or long double for long
+  // double): Σ_j dS_ij (s_ij − m_i), and to correct it for the error of δ
+  // (MATH.md §6, "dτ and the error of δ"): Σ_j P_ij (s_ij − m_i) and
+  // Σ_j P_ij h_ij, the δ of this sweep's own P and dP.
+  std::vector<MeasureType<T>> dts, dts_p, dts_h;
 };
 
 /// One raw product q·k in W (double or wider), each term rounded (never
@@ -2339,6 +2326,9 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
   const bool want_dk = a.grad_key.data != nullptr;
   const bool want_dv = a.grad_value.data != nullptr;
   const bool want_dtau = a.grad_temperature != nullptr;
+  // On a bfloat16 unit the forward's δ comes from weights rounded to
+  // bfloat16: dτ is corrected after the sweep (MATH.md §6, "dτ and the error of δ").
+  const bool correct_dtau = want_dtau && ws.on_unit();
   const index_t Lq = a.query.seq, Lk = a.key.seq, D = a.query.dim, Dv = a.value.dim;
   const index_t Hq = a.query.heads, group = Hq / a.key.heads;
   const index_t ldk = a.key.stride_seq, ldv = a.value.stride_seq;
@@ -2360,6 +2350,8 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     ri.delta.assign(Lq, T(0));
     ri.dsref.assign(Lq, T(0));
     ri.dts.assign(Lq, W(0));
+    ri.dts_p.assign(correct_dtau ? Lq : 0, W(0));
+    ri.dts_h.assign(correct_dtau ? Lq : 0, W(0));
     for (index_t i = 0; i < Lq; ++i) {
       ri.range[i] = row_range(a.visibility, b, i, Lq, Lk);
       ri.tau[i] = temperature_at(a.temperature, b, h, i, Hq, Lq);
@@ -2542,8 +2534,14 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
 #pragma omp simd
             for (index_t c = ov0; c < ov1; ++c) dsr[c] = pr[c] * ((dpr[c] - dpref) - delta);
           }
-          // dτ's Σ dS·(s − m) (Σ dS = 0: shift-free), only when dτ is wanted.
+          // dτ's Σ dS·(s − m), only when dτ is wanted, with Σ P·(s − m) and
+          // Σ P·h where it is corrected after the sweep.
+          W dts_p = 0, dts_h = 0;
           if (want_dtau) dts = shifted_dot<T, W>(dsr, sr + off, m, ov0, ov1);
+          if (correct_dtau) {
+            dts_p = shifted_dot<T, W>(pr, sr + off, m, ov0, ov1);
+            dts_h = shifted_dot<T, W>(pr, dpr + off, dpref, ov0, ov1);
+          }
           // dS at ref in its cancellation-free form (the stencil's value there
           // is a difference of nearly equal terms when attention is concentrated);
           // its dτ term is 0 either way (s_ref − m = 0).
@@ -2552,9 +2550,13 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
             // One visible key: P ≡ 1 whatever the score, so dS = 0 exactly
             // (the computed dP - Dl would leave a rounding residue).
             std::fill(dsr + ov0, dsr + ov1, T(0));
-            dts = 0;
+            dts = dts_p = dts_h = 0;
           }
           ri.dts[i] += dts;
+          if (correct_dtau) {
+            ri.dts_p[i] += dts_p;
+            ri.dts_h[i] += dts_h;
+          }
         }
         // dV += Pᵀ dO, dK += dSᵀ (c q), dQ += dS K: each output sums only the
         // (query, key) pairs that see each other (range_gemm, key_range_gemm),
@@ -2592,6 +2594,13 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
       else dV = ws.dv.topLeftCorner(nc, Dv);
     }
   }
+  // dτ on a bfloat16 unit: dS = T(h) − δ·P took the forward's δ, from the
+  // weights rounded to bfloat16 (MATH.md §6, "dτ and the error of δ"); the
+  // sweep's own δ' = Σ_j P_ij h_ij gives Σ_j dS'_ij (s_ij − m_i) = Σ_j dS_ij
+  // (s_ij − m_i) + (δ − δ') Σ_j P_ij (s_ij − m_i).
+  if (correct_dtau)
+    for (RowInfo<T>& ri : rows)
+      for (index_t i = 0; i < Lq; ++i) ri.dts[i] += (W(ri.delta[i]) - ri.dts_h[i]) * ri.dts_p[i];
   // dQ_i = c_i Σ_j dS_ij k_j: the scale was left out of the accumulation (on
   // a bfloat16 unit through unsigned_zero: the 0 · k of keys the row does not
   // see).
