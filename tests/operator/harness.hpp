@@ -493,10 +493,13 @@ GradTermScales grad_term_scales(const P& p, const F& f, const G& g, double max_d
 /// units' rounded W̃, test_storage16.cpp), with h_ij = dP_ij − dP_i,ref,
 /// dP_ij = dO_i · v_j and H_i = Σ_j P_ij |h_ij|:
 ///   dq = c_max · max_i H_i · max|k|,   dk = c_max · max_j Σ_i P_ij H_i · max|q|
-/// (Σ_j P_ij = 1). ref_i, the kernel's reference key, is the row's first key
-/// at its maximum score; H_i is the largest over the keys within 2^-10
-/// (relative) of that maximum, so that a near-tie the kernel's rounded scores
-/// break the other way is covered. grad_out: dO, [B, Hq, Lq, Dv] contiguous.
+/// (Σ_j P_ij = 1). Only the far keys' weights are rounded (the near keys,
+/// ref ± 1 for continuum, are summed in float): H_i sums over |j − ref_i| > 1
+/// (continuum) or all j (softmax, h_i,ref = 0). ref_i, the kernel's reference
+/// key, is the row's first key at its maximum score; H_i is the largest over
+/// the keys within 2^-14 (relative) of that maximum, so that a near-tie the
+/// kernel's rounded scores break the other way is covered. grad_out: dO,
+/// [B, Hq, Lq, Dv] contiguous.
 struct DeltaTermScales {
   double dq = 0, dk = 0;
 };
@@ -506,7 +509,7 @@ DeltaTermScales delta_term_scales(const P& p, const F& f, const O& grad_out) {
   double tmin = 1e300;
   for (const auto& t : p.temperature) tmin = std::min(tmin, d(t));
   const double cmax = d(p.scale) / tmin, qmax = max_abs(p.query), kmax = max_abs(p.key);
-  const index_t Lk = p.len_k;
+  const index_t Lk = p.len_k, Dv = p.dim_v, near = p.kernel == continuum::Kernel::continuum ? 1 : 0;
   std::vector<double> col(static_cast<std::size_t>(p.batch * p.heads_kv * Lk), 0.0), dp(static_cast<std::size_t>(Lk));
   double hmax = 0;
   for (index_t b = 0; b < p.batch; ++b)
@@ -516,26 +519,26 @@ DeltaTermScales delta_term_scales(const P& p, const F& f, const O& grad_out) {
         if (lo >= hi) continue;
         const std::size_t row = p.row_index(b, h, i);
         const index_t g = p.kv_head(h);
+        const auto prob = [&](index_t j) { return std::fabs(d(f.probs[row * std::size_t(Lk) + std::size_t(j)])); };
+        const auto score = [&](index_t j) { return d(f.scores[row * std::size_t(Lk) + std::size_t(j)]); };
         double smax = -1e300;
         for (index_t j = lo; j < hi; ++j) {
           double acc = 0;
-          for (index_t e = 0; e < p.dim_v; ++e)
-            acc += d(grad_out[row * std::size_t(p.dim_v) + std::size_t(e)]) * d(p.value[p.v_index(b, g, j) + std::size_t(e)]);
+          for (index_t e = 0; e < Dv; ++e)
+            acc += d(grad_out[row * std::size_t(Dv) + std::size_t(e)]) * d(p.value[p.v_index(b, g, j) + std::size_t(e)]);
           dp[std::size_t(j)] = acc;
-          smax = std::max(smax, d(f.scores[row * std::size_t(Lk) + std::size_t(j)]));
+          smax = std::max(smax, score(j));
         }
         double H = 0;
         for (index_t r = lo; r < hi; ++r) {
-          if (d(f.scores[row * std::size_t(Lk) + std::size_t(r)]) < smax - std::ldexp(std::max(1.0, std::fabs(smax)), -10))
-            continue;
+          if (score(r) < smax - std::ldexp(std::max(1.0, std::fabs(smax)), -14)) continue;
           double sum = 0;
           for (index_t j = lo; j < hi; ++j)
-            sum += std::fabs(d(f.probs[row * std::size_t(Lk) + std::size_t(j)])) * std::fabs(dp[std::size_t(j)] - dp[std::size_t(r)]);
+            if (j < r - near || j > r + near) sum += prob(j) * std::fabs(dp[std::size_t(j)] - dp[std::size_t(r)]);
           H = std::max(H, sum);
         }
         hmax = std::max(hmax, H);
-        for (index_t j = lo; j < hi; ++j)
-          col[std::size_t((b * p.heads_kv + g) * Lk + j)] += std::fabs(d(f.probs[row * std::size_t(Lk) + std::size_t(j)])) * H;
+        for (index_t j = lo; j < hi; ++j) col[std::size_t((b * p.heads_kv + g) * Lk + j)] += prob(j) * H;
       }
   DeltaTermScales t;
   t.dq = cmax * hmax * kmax;

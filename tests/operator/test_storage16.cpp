@@ -1166,7 +1166,7 @@ TEMPLATE_TEST_CASE("16-bit storage: every key value the float kernels take is wi
 // The forward's row statistics handed to the backward (params.hpp RowStats)
 // change no bit of the gradients: without them the backward computes the same
 // ones with the same forward kernel (on the bfloat16 unit where the CPU has
-// one, with the weights' rounding residuals: MATH.md §6).
+// one: MATH.md §6).
 TEST_CASE("16-bit storage: the forward's row statistics change no bit of the backward", "[operator][storage16]") {
   const int shape = GENERATE(0, 1, 3);
   const int kernel = GENERATE(0, 1);
