@@ -2187,12 +2187,21 @@ bool transposed_bits(const T* x, index_t ldx, index_t nr, index_t nc, const T* s
       const T* x0 = x + r0 * ldx;
       const T* x1 = x + r1 * ldx;
       std::uint32_t* wt = w + t * ncb;
+      // Columns both rows see, [u0, u1), without the masks; the rest with them.
+      const index_t u0 = std::min(std::max(a0, a1), ncb), u1 = std::max(u0, std::min(b0, b1));
+      const auto masked = [&](index_t c0, index_t c1) {
 #pragma omp simd
-      for (index_t col = 0; col < ncb; ++col) {
-        const std::uint32_t lo = col >= a0 && col < b0 ? bf16::bits_rounded(s0 * x0[col]) : 0u;
-        const std::uint32_t hi = col >= a1 && col < b1 ? bf16::bits_rounded(s1 * x1[col]) : 0u;
-        wt[col] = lo | hi << 16;
-      }
+        for (index_t col = c0; col < c1; ++col) {
+          const std::uint32_t lo = col >= a0 && col < b0 ? bf16::bits_rounded(s0 * x0[col]) : 0u;
+          const std::uint32_t hi = col >= a1 && col < b1 ? bf16::bits_rounded(s1 * x1[col]) : 0u;
+          wt[col] = lo | hi << 16;
+        }
+      };
+      masked(0, u0);
+#pragma omp simd
+      for (index_t col = u0; col < u1; ++col)
+        wt[col] = std::uint32_t(bf16::bits_rounded(s0 * x0[col])) | std::uint32_t(bf16::bits_rounded(s1 * x1[col])) << 16;
+      masked(u1, ncb);
     }
     small = any_bf16_denormal(w, P * ncb);
     std::uint32_t* out = reinterpret_cast<std::uint32_t*>(ws.at.data());  // ncb × P pair words
@@ -2288,9 +2297,11 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
       for (index_t r = 0; r < nr; ++r) {
         const T* x = ws.ds.data() + r * ldp;
         std::uint16_t* ar = ab + r * ncp;
-        const index_t lo = ws.ov0[r], hi = ws.ov1[r];
+        const index_t lo = std::min(ws.ov0[r], ncp), hi = std::max(lo, std::min(ws.ov1[r], ncp));
+        std::fill(ar, ar + lo, std::uint16_t(0));
 #pragma omp simd
-        for (index_t col = 0; col < ncp; ++col) ar[col] = col >= lo && col < hi ? bf16::bits_rounded(x[col]) : 0;
+        for (index_t col = lo; col < hi; ++col) ar[col] = bf16::bits_rounded(x[col]);
+        std::fill(ar + hi, ar + ncp, std::uint16_t(0));
       }
       const bool small = any_bf16_denormal(reinterpret_cast<const std::uint32_t*>(ab), nr * ncp / 2);
       T* dq = ws.dqs.data();
