@@ -35,10 +35,12 @@
 // process that links the dispatcher holds it from its first attention call.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
 #include <algorithm>
+#include <limits>
 
 #include "../../attention/params.hpp"
 #include "isa.hpp"
@@ -50,7 +52,7 @@
 #  define CONTINUUM_CPU_AVX512BF16 1
 #  include <cpuid.h>
 #  include <immintrin.h>
-#  define CONTINUUM_DPBF16_FN __attribute__((target("avx512bf16"))) inline
+#  define CONTINUUM_DPBF16_FN __attribute__((target("avx512bf16,avx512bw"))) inline
 #  if defined(__linux__)
 #    define CONTINUUM_CPU_AMX 1
 #    include <sys/syscall.h>
@@ -79,15 +81,27 @@ inline std::uint16_t bits_exact(float x) {
   return std::uint16_t(u >> 16);
 }
 
-/// The bfloat16 bits of a finite float, rounded to nearest even.
+/// The bfloat16 bits of a finite float as AVX512-BF16's conversion
+/// (vcvtneps2bf16) gives them: rounded to nearest even, a float denormal to
+/// a zero of its sign (the units would read a bfloat16 denormal as 0 anyway).
 inline std::uint16_t bits_rounded(float x) {
   std::uint32_t u;
   std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) == 0) return std::uint16_t((u >> 16) & 0x8000u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return std::uint16_t(u >> 16);
 }
 
-/// x rounded to bfloat16 (to nearest even), as a float.
+/// Whether x is one of the float denormals that bfloat16 holds as a nonzero
+/// denormal, 2^-134 < |x| < 2^-126, which the conversion (and the units, had
+/// it kept them) turns into 0: the kernels add such an element's term apart.
+/// (At or below 2^-134, x rounds to 0 in bfloat16 in any case.)
+inline bool flushed(float x) {
+  const float a = std::fabs(x);
+  return a > 0x1p-134f && a < 0x1p-126f;
+}
+
+/// x rounded to bfloat16 as bits_rounded, as a float.
 inline float round_bf16(float x) {
   std::uint32_t u = std::uint32_t(bits_rounded(x)) << 16;
   float r;
@@ -191,16 +205,32 @@ void pack_values(const S* src, index_t lds, index_t n_keys, index_t Dv, index_t 
   }
 }
 
+#if defined(CONTINUUM_CPU_AVX512BF16)
+/// Whether this CPU has AVX512-BF16 (CPUID leaf 7, subleaf 1, EAX bit 5).
+/// (The AVX-512 state itself: the kernels that ask run only where the
+/// operating system saves it — cpu_dispatch's avx512 check, or -march.)
+inline bool avx512bf16_usable() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+    return ((a >> 5) & 1u) != 0;
+  }();
+  return ok;
+}
+#endif
+
 #if defined(CONTINUUM_CPU_AMX)
 
 /// Whether this CPU and Linux let this process use AMX-BF16 tiles (asked once,
-/// thread-safe; the permission is the process's).
+/// thread-safe; the permission is the process's). The AMX kernels round
+/// their float intermediates with AVX512-BF16's conversions (round_pairs,
+/// round_row), which every CPU with AMX-BF16 has.
 inline bool amx_usable() {
   static const bool ok = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
     const bool amx_bf16 = (d >> 22) & 1u, amx_tile = (d >> 24) & 1u;
-    if (!amx_bf16 || !amx_tile) return false;
+    if (!amx_bf16 || !amx_tile || !avx512bf16_usable()) return false;
     constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
   }();
@@ -349,18 +379,6 @@ struct TileScope {};
 
 #if defined(CONTINUUM_CPU_AVX512BF16)
 
-/// Whether this CPU has AVX512-BF16 (CPUID leaf 7, subleaf 1, EAX bit 5).
-/// (The AVX-512 state itself: the kernels that ask run only where the
-/// operating system saves it — cpu_dispatch's avx512 check, or -march.)
-inline bool avx512bf16_usable() {
-  static const bool ok = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
-    return ((a >> 5) & 1u) != 0;
-  }();
-  return ok;
-}
-
 /// C[r][j] += A(r) · B(j) on vdpbf16ps for MR rows and NB column blocks of 16:
 /// a(r, t) is the pair word t of row r (A's words, row stride lda words), B(j,
 /// t) the 16 pair words at b + j·ldb_blk + 16 t; acc holds the sums, in pair
@@ -482,8 +500,83 @@ CONTINUUM_DPBF16_FN void dot_accumulate(const std::uint16_t* w, index_t ldw, ind
   }
 }
 
+/// The lanes of y that are flushed().
+CONTINUUM_DPBF16_FN __mmask16 flushed_lanes(__m512 y) {
+  // |y|'s bits a: 2^-134 < |y| < 2^-126 ⟺ 0x8001 ≤ a < 0x800000.
+  const __m512i a = _mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32(0x7fffffff));
+  return _mm512_cmplt_epu32_mask(_mm512_sub_epi32(a, _mm512_set1_epi32(0x8001)), _mm512_set1_epi32(0x800000 - 0x8001));
+}
+
+/// Lanes [lo, hi) of the 16 columns from c, as a mask.
+inline __mmask16 column_lanes(index_t c, index_t lo, index_t hi) {
+  const index_t a = std::clamp<index_t>(lo - c, 0, 16), b = std::clamp<index_t>(hi - c, 0, 16);
+  return b > a ? __mmask16(((1u << b) - 1u) & ~((1u << a) - 1u)) : __mmask16(0);
+}
+
+/// The pair words of two rows for the unit (A of dV and dK, tiled.hpp
+/// transposed_bits): w[c] = b0 | b1 << 16, c in [0, n) (n a multiple of 16),
+/// b_k = bits_rounded(s_k · x_k[c]) for c in [a_k, b_k) and 0 elsewhere (x_k
+/// is read only there), on vcvtne2ps2bf16. Returns whether some s_k·x_k[c]
+/// there is flushed().
+CONTINUUM_DPBF16_FN bool round_pairs(const float* x0, float s0, index_t a0, index_t b0, const float* x1, float s1,
+                                     index_t a1, index_t b1, index_t n, std::uint32_t* w) {
+  // 16-bit lane 2c takes x0's value c (lane c of the conversion), 2c + 1 x1's (lane 16 + c).
+  alignas(64) static constexpr std::uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
+                                                                21, 6, 22, 7, 23, 8, 24, 9,  25, 10, 26,
+                                                                11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i order = _mm512_load_si512(kInterleave);
+  const __m512 v0 = _mm512_set1_ps(s0), v1 = _mm512_set1_ps(s1);
+  __mmask16 small = 0;
+  // Whole vectors that both rows see, [u0, u1), take no masks.
+  const index_t u0 = std::min((std::max(a0, a1) + 15) / 16 * 16, n), u1 = std::max(u0, std::min(b0, b1) / 16 * 16);
+  for (index_t c = 0; c < n; c += 16) {
+    const bool all = c >= u0 && c < u1;
+    const __mmask16 m0 = all ? __mmask16(0xffff) : column_lanes(c, a0, b0);
+    const __mmask16 m1 = all ? __mmask16(0xffff) : column_lanes(c, a1, b1);
+    const __m512 y0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, x0 + c), v0);
+    const __m512 y1 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, x1 + c), v1);
+    small |= flushed_lanes(y0) | flushed_lanes(y1);
+    const __m512i h = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(y1, y0));
+    _mm512_storeu_si512(w + c, _mm512_permutexvar_epi16(order, h));
+  }
+  return small != 0;
+}
+
+/// One row for the unit (A of O += W̃·V and of dQ): out[c] = bits_rounded(x[c])
+/// for c in [lo, hi) and 0 for the other c in [0, n) (n a multiple of 32; x
+/// is read only in [lo, hi)), on vcvtne2ps2bf16. Where rho is not null,
+/// *rho += Σ (bfloat16 value − x[c]) over [lo, hi), in float lanes and one
+/// tree sum. Returns whether some x[c] there is flushed().
+CONTINUUM_DPBF16_FN bool round_row(const float* x, index_t lo, index_t hi, index_t n, std::uint16_t* out,
+                                   float* rho) {
+  __mmask16 small = 0;
+  __m512 diff = _mm512_setzero_ps();
+  // Whole steps of 32 inside [lo, hi), [u0, u1), take no masks.
+  const index_t u0 = std::min((lo + 31) / 32 * 32, n), u1 = std::max(u0, hi / 32 * 32);
+  for (index_t c = 0; c < n; c += 32) {
+    const bool all = c >= u0 && c < u1;
+    const __m512 y0 = _mm512_maskz_loadu_ps(all ? __mmask16(0xffff) : column_lanes(c, lo, hi), x + c);
+    const __m512 y1 = _mm512_maskz_loadu_ps(all ? __mmask16(0xffff) : column_lanes(c + 16, lo, hi), x + c + 16);
+    small |= flushed_lanes(y0) | flushed_lanes(y1);
+    const __m512i h = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(y1, y0));  // y0's 16 bits, then y1's
+    _mm512_storeu_si512(out + c, h);
+    if (rho) {
+      const __m512 r0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
+      const __m512 r1 =
+          _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
+      diff = _mm512_add_ps(diff, _mm512_add_ps(_mm512_sub_ps(r0, y0), _mm512_sub_ps(r1, y1)));
+    }
+  }
+  if (rho) *rho += _mm512_reduce_add_ps(diff);
+  return small != 0;
+}
+
 #else
 inline bool avx512bf16_usable() { return false; }
+// Declared only: their callers run where kBf16 holds (tiled.hpp), i.e. here.
+bool round_pairs(const float* x0, float s0, index_t a0, index_t b0, const float* x1, float s1, index_t a1,
+                 index_t b1, index_t n, std::uint32_t* w);
+bool round_row(const float* x, index_t lo, index_t hi, index_t n, std::uint16_t* out, float* rho);
 #endif  // CONTINUUM_CPU_AVX512BF16
 
 /// S_raw for the query rows [0, rows) of a 16-row block (see tile_scores) on

@@ -1420,28 +1420,25 @@ void scores_bf16(index_t g0, index_t g1, index_t nr, index_t j0, index_t j1, For
 }
 
 /// Row r's weights W (tile columns [ce0, cv1)) as W̃ = bfloat16(W) for the
-/// P·V product; the halo key's term (column 0, the previous tile's last key,
-/// value row ws.vh) goes into the accumulators first, in float. With row
-/// statistics, Σ (W̃ − W) of the row's terms goes to ws.rho.
+/// P·V product, in row r of ws.wb: its n_cols columns (the tile's keys, a
+/// multiple of kStep), 0 where the row sees no key. The halo key's term
+/// (column 0, the previous tile's last key, value row ws.vh) goes into the
+/// accumulators first, in float. With row statistics, Σ (W̃ − W) of the row's
+/// terms goes to ws.rho. (A weight below 2^-126 is converted to 0: its term,
+/// below 2^-126·|v| against l ≥ 1, is left out of O and enters ρ as −W.)
 template <class T>
-void weights_bf16(index_t Dv, index_t ce0, index_t cv1, index_t r, ForwardWorkspace<T>& ws) {
+void weights_bf16(index_t Dv, index_t ce0, index_t cv1, index_t r, index_t n_cols, ForwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
     const T* wr = ws.w.row(r).data();
-    std::uint16_t* wb = ws.wb.data() + r * kBc;
     if (ce0 == 0) {
       const T w0 = bf16::round_bf16(wr[0]);
       T* orow = ws.o.row(r).data();
       for (index_t d = 0; d < Dv; ++d) orow[d] = madd(w0, ws.vh[d], orow[d]);
       if (ws.stats) ws.rho[r] += w0 - wr[0];
     }
+    // Column cc ≥ 1 of the score tile is key cc − 1 of the tile.
     const index_t c0 = std::max<index_t>(ce0, 1);
-    for (index_t cc = c0; cc < cv1; ++cc) wb[cc - 1] = bf16::bits_rounded(wr[cc]);
-    if (ws.stats) {
-      T rho = T(0);
-#pragma omp simd reduction(+ : rho)
-      for (index_t cc = c0; cc < cv1; ++cc) rho += bf16::round_bf16(wr[cc]) - wr[cc];
-      ws.rho[r] += rho;
-    }
+    bf16::round_row(wr + 1, c0 - 1, cv1 - 1, n_cols, ws.wb.data() + r * kBc, ws.stats ? &ws.rho[r] : nullptr);
   }
 }
 
@@ -1686,8 +1683,10 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
         T* wr = ws.w.row(r).data();
         const index_t vlo = std::max(lo, k0), vhi = std::min(hi, k1);
         ws.kb[r] = ws.ke[r] = 0;
-        if (ws.on_unit()) std::fill(ws.wb.begin() + r * kBc, ws.wb.begin() + (r + 1) * kBc, std::uint16_t(0));
-        if (vlo >= vhi) continue;
+        if (vlo >= vhi) {
+          if (ws.on_unit()) std::fill_n(ws.wb.begin() + r * kBc, round_up(nc, bf16::kStep), std::uint16_t(0));
+          continue;
+        }
         T* sr = ws.s.row(r).data();
         // Tile columns of the visible keys: [cv0, cv1).
         const index_t cv0 = vlo - key0, cv1 = vhi - key0;
@@ -1746,7 +1745,7 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
         // rows of ws.vstage, the tile's columns.
         ws.kb[r] = (staged ? 0 : key0) + ce0;
         ws.ke[r] = (staged ? 0 : key0) + cv1;
-        if (ws.on_unit()) weights_bf16(Dv, ce0, cv1, r, ws);
+        if (ws.on_unit()) weights_bf16(Dv, ce0, cv1, r, round_up(nc, bf16::kStep), ws);
       }
       // O += W · V, each row over its own visible keys only (range_gemm): a
       // value the row cannot see never enters its sum (a unit: its weight is 0
@@ -2153,57 +2152,25 @@ void pack_backward_keys_bf16(const BackwardArgs<T>& a, index_t b, index_t hk, in
   }
 }
 
-/// Whether one of the 2n bfloat16 values in the n pair words at w is a
-/// nonzero denormal (which the units read as 0).
-inline bool any_bf16_denormal(const std::uint32_t* w, index_t n) {
-  std::uint32_t any = 0;
-#pragma omp simd reduction(| : any)
-  for (index_t i = 0; i < n; ++i) {
-    const std::uint32_t x = w[i];
-    any |= (std::uint32_t((x & 0x7f80u) == 0) & std::uint32_t((x & 0x7fu) != 0)) |
-           (std::uint32_t((x & 0x7f800000u) == 0) & std::uint32_t((x & 0x7f0000u) != 0));
-  }
-  return any != 0;
-}
-
 /// The A side of dV and dK for one query block: at = (keys × kBrBwd rows),
 /// at[c·kBrBwd + r] = bfloat16(scale_r · x[r·ldx + c]) for c in row r's
 /// [ov0, ov1), else 0; keys [nc, ncb) are zero rows. Row pairs are joined
-/// along the keys, then 16 × 16 blocks of pair words are transposed in
-/// registers. Returns whether some element is a nonzero bfloat16 denormal
-/// (read as 0 by the unit: accumulate_backward_bf16 adds its term apart).
+/// along the keys (bf16::round_pairs), then 16 × 16 blocks of pair words are
+/// transposed in registers. Returns whether some element is bf16::flushed
+/// (converted to 0: accumulate_backward_bf16 adds its term apart).
 template <class T>
 bool transposed_bits(const T* x, index_t ldx, index_t nr, index_t nc, const T* scale, BackwardWorkspace<T>& ws) {
-  bool small = false;  // some element is a nonzero bfloat16 denormal (the unit reads it as 0)
+  bool small = false;  // some element is bf16::flushed (converted to 0)
   if constexpr (kBf16<T>) {
     const index_t ncb = round_up(nc, bf16::kCols), P = kBrBwd / 2;
     std::uint32_t* w = ws.words.data();  // P × ncb pair words, w[t·ncb + c]
     for (index_t t = 0; t < P; ++t) {
       const index_t r0 = 2 * t, r1 = 2 * t + 1;
       const bool in0 = r0 < nr, in1 = r1 < nr;
-      const index_t a0 = in0 ? ws.ov0[r0] : 0, b0 = in0 ? ws.ov1[r0] : 0;
-      const index_t a1 = in1 ? ws.ov0[r1] : 0, b1 = in1 ? ws.ov1[r1] : 0;
-      const T s0 = in0 && scale ? scale[r0] : T(1), s1 = in1 && scale ? scale[r1] : T(1);
-      const T* x0 = x + r0 * ldx;
-      const T* x1 = x + r1 * ldx;
-      std::uint32_t* wt = w + t * ncb;
-      // Columns both rows see, [u0, u1), without the masks; the rest with them.
-      const index_t u0 = std::min(std::max(a0, a1), ncb), u1 = std::max(u0, std::min(b0, b1));
-      const auto masked = [&](index_t c0, index_t c1) {
-#pragma omp simd
-        for (index_t col = c0; col < c1; ++col) {
-          const std::uint32_t lo = col >= a0 && col < b0 ? bf16::bits_rounded(s0 * x0[col]) : 0u;
-          const std::uint32_t hi = col >= a1 && col < b1 ? bf16::bits_rounded(s1 * x1[col]) : 0u;
-          wt[col] = lo | hi << 16;
-        }
-      };
-      masked(0, u0);
-#pragma omp simd
-      for (index_t col = u0; col < u1; ++col)
-        wt[col] = std::uint32_t(bf16::bits_rounded(s0 * x0[col])) | std::uint32_t(bf16::bits_rounded(s1 * x1[col])) << 16;
-      masked(u1, ncb);
+      small |= bf16::round_pairs(x + r0 * ldx, in0 && scale ? scale[r0] : T(1), in0 ? ws.ov0[r0] : 0,
+                                 in0 ? ws.ov1[r0] : 0, x + r1 * ldx, in1 && scale ? scale[r1] : T(1),
+                                 in1 ? ws.ov0[r1] : 0, in1 ? ws.ov1[r1] : 0, ncb, w + t * ncb);
     }
-    small = any_bf16_denormal(w, P * ncb);
     std::uint32_t* out = reinterpret_cast<std::uint32_t*>(ws.at.data());  // ncb × P pair words
 #if defined(CONTINUUM_CPU_AVX512BF16)  // (where kBf16<T> can hold: AVX-512, 16 floats a vector)
     using F = Simd<float>;
@@ -2224,14 +2191,15 @@ bool transposed_bits(const T* x, index_t ldx, index_t nr, index_t nc, const T* s
 
 /// The three accumulations of query block i0 (nr rows, block blk of head gq)
 /// against key tile [k0, k0 + nc) (see pack_backward_rows_bf16), on the unit.
-/// An element x of P, c dS or dS whose bfloat16 rounding is a nonzero denormal
-/// (x below 2^-126: a far key's weight times a small dO, a tiny c), which the
-/// unit reads as 0, has its term x·b summed in float, from the unrounded x,
-/// into a buffer of its own (ws.dk_small, dv_small, dq_small), added when the
-/// gradient is written: so it is neither rounded to a denormal nor flushed by
-/// a later pass of the unit, and depends on its own row and key only. (x below
-/// bfloat16's denormals, |x| ≤ 2^-134, rounds to 0 as any bfloat16 P or dS
-/// would: its term, below 2^-134·|b|, is left out.)
+/// An element x of P, c dS or dS that bfloat16 would hold as a nonzero
+/// denormal (2^-134 < |x| < 2^-126, bf16::flushed: a far key's weight times a
+/// small dO, a tiny c), which the conversion turns into 0 (as the unit reads
+/// a bfloat16 denormal), has its term x·b summed in float, from x itself, into
+/// a buffer of its own (ws.dk_small, dv_small, dq_small), added when the
+/// gradient is written: so it is neither rounded nor flushed by a later pass
+/// of the unit, and depends on its own row and key only. (At or below 2^-134,
+/// x rounds to 0 as any bfloat16 P or dS would: its term, below 2^-134·|b|,
+/// is left out.)
 template <class T>
 void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, index_t hk, index_t gq, index_t blk,
                               index_t i0, index_t nr, index_t k0, index_t nc, const T* c, bool want_dk, bool want_dv,
@@ -2240,17 +2208,13 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
     const index_t D = a.query.dim, Dv = a.value.dim, ldp = ws.p.cols(), Lq = a.query.seq;
     const index_t nblk = (Lq + kBrBwd - 1) / kBrBwd, steps = kBrBwd / bf16::kStep;
     const std::size_t at = std::size_t(gq * nblk + blk);
-    // term(r, col, x) for every visible x = scale_r · src[r][col] whose
-    // bfloat16 rounding is a nonzero denormal (the unit reads it as 0), with
-    // x itself: rounding to a denormal could move the term by half its size.
+    // term(r, col, x) for every visible x = scale_r · src[r][col] that is
+    // bf16::flushed (converted to 0), with x itself.
     const auto small_terms = [&](const T* src, const T* scale, auto&& term) {
       for (index_t r = 0; r < nr; ++r) {
         const T sr = scale ? scale[r] : T(1);
-        for (index_t col = ws.ov0[r]; col < ws.ov1[r]; ++col) {
-          const T x = sr * src[r * ldp + col];
-          const std::uint16_t bits = bf16::bits_rounded(x);
-          if ((bits & 0x7f80u) == 0 && (bits & 0x7fu) != 0) term(r, col, x);
-        }
+        for (index_t col = ws.ov0[r]; col < ws.ov1[r]; ++col)
+          if (const T x = sr * src[r * ldp + col]; bf16::flushed(x)) term(r, col, x);
       }
     };
     // dV and dK: A = (keys × rows); the AMX tiles take whole 16-key blocks,
@@ -2294,16 +2258,9 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
       const index_t ncp = round_up(nc, bf16::kStep), nrb = round_up(nr, bf16::kRows);
       std::uint16_t* ab = ws.at.data();
       std::fill(ab + nr * ncp, ab + nrb * ncp, std::uint16_t(0));
-      for (index_t r = 0; r < nr; ++r) {
-        const T* x = ws.ds.data() + r * ldp;
-        std::uint16_t* ar = ab + r * ncp;
-        const index_t lo = std::min(ws.ov0[r], ncp), hi = std::max(lo, std::min(ws.ov1[r], ncp));
-        std::fill(ar, ar + lo, std::uint16_t(0));
-#pragma omp simd
-        for (index_t col = lo; col < hi; ++col) ar[col] = bf16::bits_rounded(x[col]);
-        std::fill(ar + hi, ar + ncp, std::uint16_t(0));
-      }
-      const bool small = any_bf16_denormal(reinterpret_cast<const std::uint32_t*>(ab), nr * ncp / 2);
+      bool small = false;
+      for (index_t r = 0; r < nr; ++r)
+        small |= bf16::round_row(ws.ds.data() + r * ldp, ws.ov0[r], ws.ov1[r], ncp, ab + r * ncp, nullptr);
       T* dq = ws.dqs.data();
       for (index_t r = 0; r < nrb; ++r) {
         T* d = dq + r * ws.Dc;
