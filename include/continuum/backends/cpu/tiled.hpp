@@ -2261,18 +2261,31 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
       bool small = false;
       for (index_t r = 0; r < nr; ++r)
         small |= bf16::round_row(ws.ds.data() + r * ldp, ws.ov0[r], ws.ov1[r], ncp, ab + r * ncp, nullptr);
-      T* dq = ws.dqs.data();
-      for (index_t r = 0; r < nrb; ++r) {
-        T* d = dq + r * ws.Dc;
-        if (r < nr) std::copy(a.grad_query.row(b, h, i0 + r), a.grad_query.row(b, h, i0 + r) + D, d);
-        else std::fill(d, d + D, T(0));
-        std::fill(d + D, d + ws.Dc, T(0));
+      // Into dQ's own rows where the unit's blocks fit them (D whole 16-column
+      // blocks; on AMX, whole 16-row blocks) and every row sees a key of the
+      // tile; else through a scratch copy, of which only those rows go back (a
+      // row that sees none must not pass through the unit: it would flush a
+      // denormal partial sum). The same bits either way.
+      bool direct = D == ws.Dc && (ws.unit != bf16::Unit::amx || nr % bf16::kRows == 0);
+      for (index_t r = 0; r < nr && direct; ++r) direct = ws.ov1[r] > ws.ov0[r];
+      if (direct) {
+        for (index_t g = 0; g < nr; g += bf16::kRows)
+          bf16::accumulate(ws.unit, ab + g * ncp, ncp, ncp / bf16::kStep, ws.bk.data(), ws.Dc,
+                           a.grad_query.row(b, h, i0 + g), a.grad_query.stride_seq, block_rows(g, nr));
+      } else {
+        T* dq = ws.dqs.data();
+        for (index_t r = 0; r < nrb; ++r) {
+          T* d = dq + r * ws.Dc;
+          if (r < nr) std::copy(a.grad_query.row(b, h, i0 + r), a.grad_query.row(b, h, i0 + r) + D, d);
+          else std::fill(d, d + D, T(0));
+          std::fill(d + D, d + ws.Dc, T(0));
+        }
+        for (index_t g = 0; g < nr; g += bf16::kRows)
+          bf16::accumulate(ws.unit, ab + g * ncp, ncp, ncp / bf16::kStep, ws.bk.data(), ws.Dc, dq + g * ws.Dc,
+                           ws.Dc, block_rows(g, nr));
+        for (index_t r = 0; r < nr; ++r)
+          if (ws.ov1[r] > ws.ov0[r]) std::copy(dq + r * ws.Dc, dq + r * ws.Dc + D, a.grad_query.row(b, h, i0 + r));
       }
-      for (index_t g = 0; g < nr; g += bf16::kRows)
-        bf16::accumulate(ws.unit, ab + g * ncp, ncp, ncp / bf16::kStep, ws.bk.data(), ws.Dc, dq + g * ws.Dc, ws.Dc,
-                         block_rows(g, nr));
-      for (index_t r = 0; r < nr; ++r)
-        if (ws.ov1[r] > ws.ov0[r]) std::copy(dq + r * ws.Dc, dq + r * ws.Dc + D, a.grad_query.row(b, h, i0 + r));
       if (small) {
         if (!ws.any_dq_small) ws.dq_small.assign(std::size_t(a.query.heads / a.key.heads * Lq * D), T(0));
         ws.any_dq_small = true;
