@@ -24,8 +24,9 @@
 // or Clang ≥ 12 (the avx512 object of cpu_dispatch; a user's -march=native
 // build): the instructions are enabled per function (target attributes) and
 // used only after the unit's check — avx512bf16_usable(): CPUID says
-// AVX512-BF16; amx_usable() (Linux only): CPUID says AMX-TILE and AMX-BF16,
-// and Linux granted this process the tile data state
+// AVX512-BF16; amx_usable() (Linux only): CPUID says AMX-TILE, AMX-BF16 and
+// AVX512-BF16 (whose conversions both units use), and Linux granted this
+// process the tile data state
 // (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once).
 // TileScope loads the tile configuration on the calling thread and gives the
 // thread back the caller's configuration (or none) when the kernel is done;
@@ -40,7 +41,6 @@
 #include <cstring>
 
 #include <algorithm>
-#include <limits>
 
 #include "../../attention/params.hpp"
 #include "isa.hpp"
@@ -514,9 +514,10 @@ inline __mmask16 column_lanes(index_t c, index_t lo, index_t hi) {
 }
 
 /// The pair words of two rows for the unit (A of dV and dK, tiled.hpp
-/// transposed_bits): w[c] = b0 | b1 << 16, c in [0, n) (n a multiple of 16),
-/// b_k = bits_rounded(s_k · x_k[c]) for c in [a_k, b_k) and 0 elsewhere (x_k
-/// is read only there), on vcvtne2ps2bf16. Returns whether some s_k·x_k[c]
+/// transposed_bits): w[c] = half 0 | half 1 << 16, c in [0, n) (n a multiple of 16),
+/// half k = bits_rounded(s_k · x_k[c]) for c in row k's [a_k, b_k), else the
+/// bits of s_k · 0 (x_k is read only in its range; s_k finite and > 0 here:
+/// 1 or c_i), on vcvtne2ps2bf16. Returns whether some s_k·x_k[c]
 /// there is flushed().
 CONTINUUM_DPBF16_FN bool round_pairs(const float* x0, float s0, index_t a0, index_t b0, const float* x1, float s1,
                                      index_t a1, index_t b1, index_t n, std::uint32_t* w) {

@@ -1425,7 +1425,8 @@ void scores_bf16(index_t g0, index_t g1, index_t nr, index_t j0, index_t j1, For
 /// (column 0, the previous tile's last key, value row ws.vh) goes into the
 /// accumulators first, in float. With row statistics, Σ (W̃ − W) of the row's
 /// terms goes to ws.rho. (A weight below 2^-126 is converted to 0: its term,
-/// below 2^-126·|v| against l ≥ 1, is left out of O and enters ρ as −W.)
+/// below 2^-126·|v|, is left out of O and enters ρ as −W; the rows the unit
+/// takes are those where such flushes are negligible, row_eligibility.)
 template <class T>
 void weights_bf16(index_t Dv, index_t ce0, index_t cv1, index_t r, index_t n_cols, ForwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
@@ -1980,8 +1981,8 @@ struct BackwardWorkspace {
   std::vector<T> dqs;
   std::vector<char> rseen, kseen;
   std::vector<int> cover;
-  // The terms of A-side elements that round to bfloat16 denormals (the unit
-  // reads them as 0): summed in float apart from the unit's sums and added
+  // The terms of A-side elements that are bf16::flushed (converted to 0, as
+  // the unit reads a bfloat16 denormal): summed in float apart from the unit's sums and added
   // when the gradient is written (accumulate_backward_bf16): dK and dV of the
   // key tile (kBcBwd × D, kBcBwd × Dv), dQ of the task's rows (group·Lq × D,
   // unscaled, allocated when first needed).
@@ -2253,8 +2254,7 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
       }
     }
     if (a.grad_query.data) {
-      // dQ: A = dS̃ (rows × keys), into a scratch copy of the rows' dQ
-      // (whole 16-row blocks, 16-column blocks).
+      // dQ: A = dS̃ (rows × keys), whole 16-row blocks and 16-column blocks.
       const index_t ncp = round_up(nc, bf16::kStep), nrb = round_up(nr, bf16::kRows);
       std::uint16_t* ab = ws.at.data();
       std::fill(ab + nr * ncp, ab + nrb * ncp, std::uint16_t(0));
