@@ -621,6 +621,70 @@ TEST_CASE("bfloat16 units: concentrated attention, decode rows, a split KV cache
   }
 }
 
+TEST_CASE("bfloat16 units: a row that sees no key of a tile keeps its bits beside rows that see it",
+          "[operator][bfloat16]") {
+  // The unit flushes a denormal partial sum to a signed zero, and -0 + +0 is
+  // +0: a row whose O holds -0 comes out +0 after a pass of the unit (with
+  // zero weights) over a key tile it does not see, a pass it makes only
+  // because another row of its 16-row block sees that tile; a decode step of
+  // the row alone skips the tile and keeps -0. The output is written with
+  // either zero as +0 (unsigned_zero), so the row's bits are its own. Here
+  // (softmax, scale/τ = 1, causal, Lk = kBc + 34, Lq = 70: rows 0-35 see key
+  // tile 0 only, row 35 all of it, rows 36-69 both tiles, so rows 32-35 share
+  // a block with rows that see tile 1) column 0 of every value is -0 in tile
+  // 0 and +0 in tile 1, except key 10's -2^-26, whose weight e^-76 in row 35
+  // (q = e_0, k_10 = -76 e_0, other keys' k_0 = 0) makes the product
+  // -2^-135.6: flushed to -0. Every row's out must equal its decode step's
+  // bit for bit. (Without unsigned_zero in the forward's output: row 35's
+  // out[0] is +0, its decode step's -0.)
+  const UnitTests units;
+  if (units.list.empty()) return;
+  const index_t kBc = continuum::cpu_detail::tiled::kBc;
+  Case<float> c;
+  setup(c, 1, 1, 1, 5151);
+  c.Hq = c.Hk = 1;
+  c.Lq = 70;
+  c.Lk = kBc + 34;
+  c.tau = 1.0f;
+  c.scale = 1.0;
+  c.alloc();
+  auto rng = rng_for(5152);
+  c.fill_uniform(rng);
+  round_inputs(c);
+  const index_t off = c.Lk - c.Lq, row = 35, key = 10;
+  for (index_t j = 0; j < c.Lk; ++j) {
+    c.k.view.row(0, 0, j)[0] = j == key ? -76.0f : 0.0f;
+    c.v.view.row(0, 0, j)[0] = j == key ? -std::ldexp(1.0f, -26) : j < kBc ? -0.0f : 0.0f;
+  }
+  for (index_t d = 0; d < c.D; ++d) c.q.view.row(0, 0, row)[d] = d == 0 ? 1.0f : 0.0f;
+  for (const auto unit : units.list) {
+    units.select(unit);
+    INFO("bfloat16" << unit_label());
+    Bf16Call x(c);
+    std::vector<float> lse;
+    forward16(c, x, lse);
+    const std::vector<float> full = x.o.contiguous();
+    CHECK(full[std::size_t(row * c.Dv)] == 0.0f);  // the sum's exact value, -2^-144.6, is flushed
+    for (index_t i = 0; i < c.Lq; ++i) {
+      Case<float> d = c;
+      d.Lq = 1;
+      d.alloc();
+      std::copy(c.q.view.row(0, 0, i), c.q.view.row(0, 0, i) + c.D, d.q.view.row(0, 0, 0));
+      d.k = c.k;
+      d.v = c.v;
+      d.range_lo.assign(1, 0);
+      d.range_hi.assign(1, i + off + 1);
+      d.vis = continuum::Visibility{};
+      Bf16Call y(d);
+      std::vector<float> l1;
+      forward16(d, y, l1);
+      const std::vector<float> one = y.o.contiguous();
+      INFO("query " << i);
+      CHECK(std::memcmp(full.data() + i * c.Dv, one.data(), sizeof(float) * std::size_t(c.Dv)) == 0);
+    }
+  }
+}
+
 TEST_CASE("bfloat16 units: operands small enough for the unit to flush go without it, within the bound",
           "[operator][bfloat16]") {
   // The units treat denormal inputs, products and partial sums as 0. With

@@ -1750,7 +1750,13 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
       }
       // O += W · V, each row over its own visible keys only (range_gemm): a
       // value the row cannot see never enters its sum (a unit: its weight is 0
-      // and its value, when no row of the task sees it, a packed zero).
+      // and its value, when no row of the task sees it, a packed zero). A unit
+      // row that sees no key of this tile passes through with zero weights when
+      // another row of its 16-row block sees the tile. That changes no bit of
+      // it: O is changed in float (f, the halo term) only in a tile the row
+      // sees, right before that tile's pass, so O here holds the unit's own
+      // flushed outputs (normal numbers or zeros), which x + 0 · v keeps; only
+      // a zero's sign can change, and write_row writes either zero as +0.
       if (ws.on_unit())
         accumulate_bf16(r0, std::min(r1, nr_tiles), nr, round_up(nc, bf16::kStep) / bf16::kStep, ws);
       else if constexpr (staged)
