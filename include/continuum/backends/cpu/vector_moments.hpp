@@ -83,10 +83,14 @@ struct VectorMath<float> {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     const float y = (p * (r * r) + r) + 1.0f;
-    std::int32_t k = __builtin_bit_cast(std::int32_t, t) - __builtin_bit_cast(std::int32_t, kMagic);
-    k = k > 127 ? 127 : k;  // x > 88.72: saturates (callers stay below)
-    k = k < -127 ? -127 : k;
-    const float scale = __builtin_bit_cast(float, (k + 127) << 23);
+    // t's bits are bits(kMagic) + n (low 9 bits of bits(kMagic): 0); with 127
+    // added, their low 9 bits are n + 127, 2^n's exponent field once shifted
+    // by 23 (n + 127 ≥ 1 where the result is not flushed: x ≥ -87.34 gives
+    // n ≥ -126). One compare, add and shift.
+    constexpr std::int32_t kTop = __builtin_bit_cast(std::int32_t, kMagic) + 127;
+    std::int32_t e = __builtin_bit_cast(std::int32_t, t);
+    e = e > kTop ? kTop : e;  // x > 88.38: 2^n saturates at 2^127 (callers stay below)
+    const float scale = __builtin_bit_cast(float, std::uint32_t(e + 127) << 23);
     return under ? 0.0f : y * scale;
   }
   // Chebyshev interpolants on b ∈ [0, 2] in t = b - 1, c0 + c1 t + … (mpmath).
@@ -133,10 +137,11 @@ struct VectorMath<double> {
     p = p * r + 1.0 / 6.0;
     p = p * r + 0.5;
     const double y = (p * (r * r) + r) + 1.0;
-    std::int64_t k = __builtin_bit_cast(std::int64_t, t) - __builtin_bit_cast(std::int64_t, kMagic);
-    k = k > 1023 ? 1023 : k;  // x > 709.4: saturates (callers stay below)
-    k = k < -1023 ? -1023 : k;
-    const double scale = __builtin_bit_cast(double, (k + 1023) << 52);
+    // As float's: the low 12 bits of bits(t) + 1023, shifted by 52, are 2^n's.
+    constexpr std::int64_t kTop = __builtin_bit_cast(std::int64_t, kMagic) + 1023;
+    std::int64_t e = __builtin_bit_cast(std::int64_t, t);
+    e = e > kTop ? kTop : e;  // x > 709.43: 2^n saturates at 2^1023 (callers stay below)
+    const double scale = __builtin_bit_cast(double, std::uint64_t(e + 1023) << 52);
     return under ? 0.0 : y * scale;
   }
   // nu: 7.6e-20; mu1: 1.2e-18; nu2: 8.8e-21; mu2: 1.1e-18; kappa: 6.7e-20 (max abs error).
@@ -294,11 +299,11 @@ struct VectorOps {
       p = p * r + 1.6666665459e-1f;
       p = p * r + 5.0000001201e-1f;
       const V y = (p * (r * r) + r) + 1.0f;
-      VI k = (VI)t - __builtin_bit_cast(std::int32_t, kMagic);
-      k = k > 127 ? 127 : k;
-      k = k < -127 ? -127 : k;
-      const VI bits = (k + 127) << 23;
-      const V scale = (V)bits;
+      typedef std::uint32_t VU __attribute__((vector_size(sizeof(V))));
+      constexpr std::int32_t kTop = __builtin_bit_cast(std::int32_t, kMagic) + 127;
+      VI e = (VI)t;
+      e = e > kTop ? kTop : e;
+      const V scale = (V)((VU)(e + 127) << 23);
       return under ? V{} : y * scale;
     } else {
       constexpr double kLog2e = 1.4426950408889634074;
@@ -322,11 +327,11 @@ struct VectorOps {
       p = p * r + 1.0 / 6.0;
       p = p * r + 0.5;
       const V y = (p * (r * r) + r) + 1.0;
-      VI k = (VI)t - __builtin_bit_cast(std::int64_t, kMagic);
-      k = k > 1023 ? 1023 : k;
-      k = k < -1023 ? -1023 : k;
-      const VI bits = (k + 1023) << 52;
-      const V scale = (V)bits;
+      typedef std::uint64_t VU __attribute__((vector_size(sizeof(V))));
+      constexpr std::int64_t kTop = __builtin_bit_cast(std::int64_t, kMagic) + 1023;
+      VI e = (VI)t;
+      e = e > kTop ? kTop : e;
+      const V scale = (V)((VU)(e + 1023) << 52);
       return under ? V{} : y * scale;
     }
   }
