@@ -760,24 +760,33 @@ inline decltype(auto) with_accuracy(StencilAccuracy a, F&& f) {
   return f(Full{});
 }
 
-/// Largest s[c] over c in [c0, c1); -inf when the range is empty.
-template <class T>
-inline T row_max(const T* s, index_t c0, index_t c1) {
+/// Largest s[c] over c in [c0, c1); -inf when the range is empty. With
+/// kScale, s[c] *= scale first (written back: one pass for both).
+template <bool kScale = false, class T>
+inline T row_max(T* s, index_t c0, index_t c1, T scale = T(1)) {
   T m = -std::numeric_limits<T>::infinity();
   index_t c = c0;
 #if defined(CONTINUUM_CPU_SIMD)
   if constexpr (kVector<T>) {
   using S = Simd<T>;
   using V = typename S::v;
+  const auto load = [&](index_t at) {
+    V x = S::load(s + at);
+    if constexpr (kScale) {
+      x *= scale;
+      S::store(s + at, x);
+    }
+    return x;
+  };
   if (c1 - c0 >= S::W) {
     V m0 = V{} + m, m1 = m0;  // two chains: the max latency is hidden
     for (; c + 2 * S::W <= c1; c += 2 * S::W) {
-      const V x0 = S::load(s + c), x1 = S::load(s + c + S::W);
+      const V x0 = load(c), x1 = load(c + S::W);
       m0 = x0 > m0 ? x0 : m0;
       m1 = x1 > m1 ? x1 : m1;
     }
     if (c + S::W <= c1) {
-      const V x0 = S::load(s + c);
+      const V x0 = load(c);
       m0 = x0 > m0 ? x0 : m0;
       c += S::W;
     }
@@ -786,7 +795,10 @@ inline T row_max(const T* s, index_t c0, index_t c1) {
   }
   }
 #endif
-  for (; c < c1; ++c) m = s[c] > m ? s[c] : m;
+  for (; c < c1; ++c) {
+    if constexpr (kScale) s[c] *= scale;
+    m = s[c] > m ? s[c] : m;
+  }
   return m;
 }
 
@@ -962,12 +974,18 @@ inline T row_exp_sum(const T* s, T m, T* w, index_t c0, index_t c1) {
   using S = Simd<T>;
   using V = typename S::v;
   using VI = typename S::vi;
-  VI lane{};
-  for (int k = 0; k < S::W; ++k) lane[k] = k;
   V acc{};
-  for (index_t c = c0; c < c1; c += S::W) {
+  index_t c = c0;
+  for (; c + S::W <= c1; c += S::W) {
+    const V e = VectorOps<T>::exp_clamped(S::load(s + c) - m);
+    S::store(w + c, e);
+    acc += e;
+  }
+  if (c < c1) {  // the last, partial vector: lanes from c1 on are 0
+    VI lane{};
+    for (int k = 0; k < S::W; ++k) lane[k] = k;
     V e = VectorOps<T>::exp_clamped(S::load(s + c) - m);
-    e = lane + VI{} + typename SimdInt<T>::type(c) < typename SimdInt<T>::type(c1) ? e : V{};
+    e = lane < typename SimdInt<T>::type(c1 - c) ? e : V{};
     S::store(w + c, e);
     acc += e;
   }
@@ -994,6 +1012,35 @@ inline void row_exp(const T* s, T* e, T m, index_t c0, index_t c1, T scale = T(1
 #endif
 #pragma omp simd
   for (index_t c = c0; c < c1; ++c) e[c] = exp_clamped(s[c] - m) * scale;
+}
+
+/// Softmax's gradient row (MATH.md §6) in one pass: p[c] = e^{s[c] - m} ·
+/// inv_l and ds[c] = p[c] · ((dp[c] − dpref) − δ) for c in [c0, c1) (row_exp's
+/// operations, then dS's). Vector lanes also write p on [c1, c1 + W - 1);
+/// ds is written on [c0, c1) only.
+template <class T>
+inline void row_softmax_grad(const T* s, const T* dp, T* p, T* ds, T m, T inv_l, T dpref, T delta, index_t c0,
+                             index_t c1) {
+#if defined(CONTINUUM_CPU_SIMD)
+  if constexpr (kVector<T>) {
+    using S = Simd<T>;
+    using V = typename S::v;
+    using VI = typename S::vi;
+    VI lane{};
+    for (int k = 0; k < S::W; ++k) lane[k] = k;
+    for (index_t c = c0; c < c1; c += S::W) {
+      const V pv = VectorOps<T>::exp_clamped(S::load(s + c) - m) * inv_l;
+      const V dv = pv * ((S::load(dp + c) - dpref) - delta);
+      S::store(p + c, pv);
+      S::store(ds + c, c + S::W <= c1 ? dv : lane < typename SimdInt<T>::type(c1 - c) ? dv : S::load(ds + c));
+    }
+    return;
+  }
+#endif
+  for (index_t c = c0; c < c1; ++c) {
+    p[c] = exp_clamped(s[c] - m) * inv_l;
+    ds[c] = p[c] * ((dp[c] - dpref) - delta);
+  }
 }
 
 /// The gradient sweep's P and dS of one row (MATH.md §6), fused: the knots
@@ -1691,13 +1738,10 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
         T* sr = ws.s.row(r).data();
         // Tile columns of the visible keys: [cv0, cv1).
         const index_t cv0 = vlo - key0, cv1 = vhi - key0;
-        if (ws.on_unit()) {  // S = c_i ⊗ S_raw (the halo column is scaled already)
-          const T cr = ws.c[std::size_t(r)];
-#pragma omp simd
-          for (index_t cc = cv0; cc < cv1; ++cc) sr[cc] *= cr;
-        }
+        // A unit: S = c_i ⊗ S_raw, in the same pass (the halo column is scaled already).
         const T m_old = ws.m[r];
-        const T f = detail::raise_row_max(ws.m[r], row_max(sr, cv0, cv1));
+        const T f = detail::raise_row_max(
+            ws.m[r], ws.on_unit() ? row_max<true>(sr, cv0, cv1, ws.c[std::size_t(r)]) : row_max(sr, cv0, cv1));
         if (f != T(1)) {
           ws.l[r] *= f;
           ws.rho[r] *= f;
@@ -2517,9 +2561,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
                                                           hi <= kk1, off, pr, dsr);
             });
           } else {
-            row_exp(sr, pr, m, ov0, ov1, inv_l);  // softmax: P = e^{s - m}/Z (off = 0)
-#pragma omp simd
-            for (index_t c = ov0; c < ov1; ++c) dsr[c] = pr[c] * ((dpr[c] - dpref) - delta);
+            row_softmax_grad(sr, dpr, pr, dsr, m, inv_l, dpref, delta, ov0, ov1);  // P = e^{s - m}/Z (off = 0), dS
           }
           // dτ's Σ dS·(s − m), only when dτ is wanted, with Σ P·(s − m) and
           // Σ P·h where it is corrected after the sweep.
