@@ -625,18 +625,22 @@ TEST_CASE("bfloat16 units: a row that sees no key of a tile keeps its bits besid
           "[operator][bfloat16]") {
   // The unit flushes a denormal partial sum to a signed zero, and -0 + +0 is
   // +0: a row whose O holds -0 comes out +0 after a pass of the unit (with
-  // zero weights) over a key tile it does not see, a pass it makes only
-  // because another row of its 16-row block sees that tile; a decode step of
-  // the row alone skips the tile and keeps -0. The output is written with
-  // either zero as +0 (unsigned_zero), so the row's bits are its own. Here
-  // (softmax, scale/τ = 1, causal, Lk = kBc + 34, Lq = 70: rows 0-35 see key
-  // tile 0 only, row 35 all of it, rows 36-69 both tiles, so rows 32-35 share
-  // a block with rows that see tile 1) column 0 of every value is -0 in tile
-  // 0 and +0 in tile 1, except key 10's -2^-26, whose weight e^-76 in row 35
-  // (q = e_0, k_10 = -76 e_0, other keys' k_0 = 0) makes the product
-  // -2^-135.6: flushed to -0. Every row's out must equal its decode step's
-  // bit for bit. (Without unsigned_zero in the forward's output: row 35's
-  // out[0] is +0, its decode step's -0.)
+  // zero weights) over a key tile it does not see, a pass it makes because
+  // another row of its 64-row sub-block (kBs) sees that tile; a decode step
+  // of the row alone skips the tile and keeps -0. Its out and its row
+  // statistics' far_diff are written with either zero as +0 (unsigned_zero),
+  // so the row's bits are its own. Here (softmax, scale/τ = 1, causal, Lk =
+  // kBc + 34, Lq = 70: rows 0-35 see key tile 0 only, row 35 all of it, rows
+  // 36-69 both tiles, all in the first sub-block but rows 64-69) row 35's
+  // scores are all 0 (q = e_0, every k_0 = 0), so its weights are 1, and
+  // columns 0 and 1 of the values are -0 in tile 0 and +0 in tile 1, except
+  // key 10's -2^-125 and key 20's 2^-125 - 2^-133 (normal products whose
+  // partial sum -2^-133 is flushed to -0) and key 0, the reference key, whose
+  // term is added in float: -0 in column 0, +0 in column 1. Every row's out
+  // and statistics must equal its decode step's bit for bit. (Without
+  // unsigned_zero in the forward's out, row 35's out[0] = -0 + v_0[0] is +0,
+  // its decode step's -0; without it in far_diff, far_diff[1] = -v_0[1] + o[1]
+  // is +0 and -0. Each column's other zero hides the fault of the other.)
   const UnitTests units;
   if (units.list.empty()) return;
   const index_t kBc = continuum::cpu_detail::tiled::kBc;
@@ -651,20 +655,26 @@ TEST_CASE("bfloat16 units: a row that sees no key of a tile keeps its bits besid
   auto rng = rng_for(5152);
   c.fill_uniform(rng);
   round_inputs(c);
-  const index_t off = c.Lk - c.Lq, row = 35, key = 10;
+  const index_t off = c.Lk - c.Lq, row = 35, width = continuum::row_stats_width(c.Dv);
+  const float big = std::ldexp(1.0f, -125), small = std::ldexp(1.0f, -125) - std::ldexp(1.0f, -133);
+  REQUIRE(float(bfloat16(small)) == small);
   for (index_t j = 0; j < c.Lk; ++j) {
-    c.k.view.row(0, 0, j)[0] = j == key ? -76.0f : 0.0f;
-    c.v.view.row(0, 0, j)[0] = j == key ? -std::ldexp(1.0f, -26) : j < kBc ? -0.0f : 0.0f;
+    c.k.view.row(0, 0, j)[0] = 0.0f;
+    for (index_t d = 0; d < 2; ++d)
+      c.v.view.row(0, 0, j)[d] = j == 10 ? -big : j == 20 ? small : (j == 0 && d == 1) || j >= kBc ? 0.0f : -0.0f;
   }
   for (index_t d = 0; d < c.D; ++d) c.q.view.row(0, 0, row)[d] = d == 0 ? 1.0f : 0.0f;
   for (const auto unit : units.list) {
     units.select(unit);
     INFO("bfloat16" << unit_label());
     Bf16Call x(c);
-    std::vector<float> lse;
-    forward16(c, x, lse);
+    std::vector<float> lse, stats(std::size_t(c.Lq * width));
+    std::vector<index_t> ref(std::size_t(c.Lq));
+    forward16(c, x, lse, continuum::RowStats<float>{stats.data(), ref.data()});
     const std::vector<float> full = x.o.contiguous();
-    CHECK(full[std::size_t(row * c.Dv)] == 0.0f);  // the sum's exact value, -2^-144.6, is flushed
+    CHECK(full[std::size_t(row * c.Dv)] == 0.0f);  // the sum's exact value, -2^-133 / 508, is flushed
+    CHECK(full[std::size_t(row * c.Dv + 1)] == 0.0f);
+    CHECK(ref[std::size_t(row)] == 0);
     for (index_t i = 0; i < c.Lq; ++i) {
       Case<float> d = c;
       d.Lq = 1;
@@ -676,11 +686,14 @@ TEST_CASE("bfloat16 units: a row that sees no key of a tile keeps its bits besid
       d.range_hi.assign(1, i + off + 1);
       d.vis = continuum::Visibility{};
       Bf16Call y(d);
-      std::vector<float> l1;
-      forward16(d, y, l1);
+      std::vector<float> l1, s1(static_cast<std::size_t>(width));
+      std::vector<index_t> r1(1);
+      forward16(d, y, l1, continuum::RowStats<float>{s1.data(), r1.data()});
       const std::vector<float> one = y.o.contiguous();
       INFO("query " << i);
       CHECK(std::memcmp(full.data() + i * c.Dv, one.data(), sizeof(float) * std::size_t(c.Dv)) == 0);
+      CHECK(std::memcmp(stats.data() + i * width, s1.data(), sizeof(float) * std::size_t(width)) == 0);
+      CHECK(ref[std::size_t(i)] == r1[0]);
     }
   }
 }

@@ -1367,6 +1367,9 @@ void write_row(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, index_
     T* u = st.far_diff(row);
     const T lw = ws.l[r] + ws.rho[r];  // the weights o holds (W̃ where rounded)
     for (index_t d = 0; d < Dv; ++d) u[d] = madd(-lw, T(vr[d]), o[d]);
+    // A unit: o's zero sign is not the row's own (below); neither is u's where v_ref[d] = 0.
+    if (ws.on_unit())
+      for (index_t d = 0; d < Dv; ++d) u[d] = unsigned_zero(u[d]);
   }
   // Z̃ and o: the far keys' sums, then the near keys' terms.
   T z = ws.l[r];
@@ -1796,11 +1799,13 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
       // value the row cannot see never enters its sum (a unit: its weight is 0
       // and its value, when no row of the task sees it, a packed zero). A unit
       // row that sees no key of this tile passes through with zero weights when
-      // another row of its 16-row block sees the tile. That changes no bit of
-      // it: O is changed in float (f, the halo term) only in a tile the row
-      // sees, right before that tile's pass, so O here holds the unit's own
-      // flushed outputs (normal numbers or zeros), which x + 0 · v keeps; only
-      // a zero's sign can change, and write_row writes either zero as +0.
+      // another row of its sub-block sees the tile. That changes no bit of its
+      // out, lse or statistics: O is changed in float (f, the halo term,
+      // move_reference's terms) only in a tile the row sees, before that
+      // tile's pass, so O here holds the unit's own flushed outputs (normal
+      // numbers or zeros), which x + 0 · v keeps (the packed values are
+      // finite: row_eligibility); only a zero's sign can change, and
+      // write_row writes either zero as +0.
       if (ws.on_unit())
         accumulate_bf16(r0, std::min(r1, nr_tiles), nr, round_up(nc, bf16::kStep) / bf16::kStep, ws);
       else if constexpr (staged)
