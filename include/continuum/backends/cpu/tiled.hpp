@@ -1017,7 +1017,8 @@ inline void row_exp(const T* s, T* e, T m, index_t c0, index_t c1, T scale = T(1
 /// Softmax's gradient row (MATH.md §6) in one pass: p[c] = e^{s[c] - m} ·
 /// inv_l and ds[c] = p[c] · ((dp[c] − dpref) − δ) for c in [c0, c1) (row_exp's
 /// operations, then dS's). Vector lanes also write p on [c1, c1 + W - 1);
-/// ds is written on [c0, c1) only.
+/// ds keeps its bits outside [c0, c1) (the last vector's tail is read and
+/// stored back).
 template <class T>
 inline void row_softmax_grad(const T* s, const T* dp, T* p, T* ds, T m, T inv_l, T dpref, T delta, index_t c0,
                              index_t c1) {

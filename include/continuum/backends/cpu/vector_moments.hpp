@@ -44,7 +44,7 @@
 // forms amplify its error by the same 1/b², 1/b³).
 //
 // exp_clamped(x): e^x for x ≤ 88.7 (float) / 709 (double); returns exactly 0
-// below the normal range (x < -87.33 / -708.39) instead of a subnormal, so the
+// below the normal range (x < -87.34 / -708.40) instead of a subnormal, so the
 // kernels never produce denormals from exp (MATH.md §10 "underflow flush"; appendix A, W11).
 // Relative error ≤ 2 ulp on the rest (Cephes expf polynomial for float, degree-13
 // Taylor on |r| ≤ ln2/2 for double). NaN is not propagated (callers mask).
