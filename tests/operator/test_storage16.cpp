@@ -166,6 +166,22 @@ void copy_options(Case<float>& c, Args& a) {
   a.num_threads = c.threads;
 }
 
+/// Query i of c (batch 0, every head) as a KV-cache decode step: one query
+/// that sees keys [0, i + off], K and V as c stores them.
+Case<float> decode_step(const Case<float>& c, index_t i, index_t off) {
+  Case<float> d = c;
+  d.Lq = 1;
+  d.alloc();
+  for (index_t h = 0; h < c.Hq; ++h)
+    std::copy(c.q.view.row(0, h, i), c.q.view.row(0, h, i) + c.D, d.q.view.row(0, h, 0));
+  d.k = c.k;
+  d.v = c.v;
+  d.range_lo.assign(1, 0);
+  d.range_hi.assign(1, i + off + 1);
+  d.vis = continuum::Visibility{};
+  return d;
+}
+
 template <class S>
 void forward16(Case<float>& c, Call16<S>& x, std::vector<float>& lse, continuum::RowStats<float> stats = {}) {
   continuum::ForwardArgs<S> a;
@@ -597,16 +613,7 @@ TEST_CASE("bfloat16 units: concentrated attention, decode rows, a split KV cache
     // stored) gives the full forward's row bit for bit on the unit too: rows
     // that see one key tile, a tile and one key, and the most keys.
     for (index_t i : {index_t(0), kBc - 1 - off, kBc - off, c.Lq - 1}) {
-      Case<float> d = c;
-      d.Lq = 1;
-      d.alloc();
-      for (index_t h = 0; h < c.Hq; ++h)
-        std::copy(c.q.view.row(0, h, i), c.q.view.row(0, h, i) + c.D, d.q.view.row(0, h, 0));
-      d.k = c.k;
-      d.v = c.v;
-      d.range_lo.assign(1, 0);
-      d.range_hi.assign(1, i + off + 1);
-      d.vis = continuum::Visibility{};
+      Case<float> d = decode_step(c, i, off);
       Bf16Call y(d);
       std::vector<float> l1;
       forward16(d, y, l1);
@@ -676,15 +683,7 @@ TEST_CASE("bfloat16 units: a row that sees no key of a tile keeps its bits besid
     CHECK(full[std::size_t(row * c.Dv + 1)] == 0.0f);
     CHECK(ref[std::size_t(row)] == 0);
     for (index_t i = 0; i < c.Lq; ++i) {
-      Case<float> d = c;
-      d.Lq = 1;
-      d.alloc();
-      std::copy(c.q.view.row(0, 0, i), c.q.view.row(0, 0, i) + c.D, d.q.view.row(0, 0, 0));
-      d.k = c.k;
-      d.v = c.v;
-      d.range_lo.assign(1, 0);
-      d.range_hi.assign(1, i + off + 1);
-      d.vis = continuum::Visibility{};
+      Case<float> d = decode_step(c, i, off);
       Bf16Call y(d);
       std::vector<float> l1, s1(static_cast<std::size_t>(width));
       std::vector<index_t> r1(1);

@@ -105,6 +105,12 @@ struct Simd {
   static constexpr int W = kSimdBytes / int(sizeof(T));
   static v load(const T* p) { return *reinterpret_cast<const vu*>(p); }
   static void store(T* p, v x) { *reinterpret_cast<vu*>(p) = x; }
+  /// {0, 1, …, W − 1}: each lane's index (masks of a partial vector).
+  static vi lanes() {
+    vi x{};
+    for (int k = 0; k < W; ++k) x[k] = k;
+    return x;
+  }
 };
 
 /// Vector a·b + c (a broadcast scalar), the vector form of madd() above:

@@ -860,8 +860,7 @@ inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bo
   using V = typename S::v;
   using VI = typename S::vi;
   using O = VectorOps<T>;
-  VI lane{};
-  for (int k = 0; k < S::W; ++k) lane[k] = k;
+  const VI lane = S::lanes();
   V e_prev = O::splat(e0);                           // lane W-1: e at knot c - 1
   V left_prev = O::splat(half_lo ? T(0.5) * e0 : T(0));  // lane W-1: left weight of knot c - 1
   V acc{};
@@ -982,8 +981,7 @@ inline T row_exp_sum(const T* s, T m, T* w, index_t c0, index_t c1) {
     acc += e;
   }
   if (c < c1) {  // the last, partial vector: lanes from c1 on are 0
-    VI lane{};
-    for (int k = 0; k < S::W; ++k) lane[k] = k;
+    const VI lane = S::lanes();
     V e = VectorOps<T>::exp_clamped(S::load(s + c) - m);
     e = lane < typename SimdInt<T>::type(c1 - c) ? e : V{};
     S::store(w + c, e);
@@ -1027,8 +1025,7 @@ inline void row_softmax_grad(const T* s, const T* dp, T* p, T* ds, T m, T inv_l,
     using S = Simd<T>;
     using V = typename S::v;
     using VI = typename S::vi;
-    VI lane{};
-    for (int k = 0; k < S::W; ++k) lane[k] = k;
+    const VI lane = S::lanes();
     for (index_t c = c0; c < c1; c += S::W) {
       const V pv = VectorOps<T>::exp_clamped(S::load(s + c) - m) * inv_l;
       const V dv = pv * ((S::load(dp + c) - dpref) - delta);
@@ -1068,8 +1065,7 @@ inline void row_gradient_terms(const T* s, const T* e, const T* dp, T dpref, T d
   using V = typename S::v;
   using VI = typename S::vi;
   using O = VectorOps<T>;
-  VI lane{};
-  for (int k = 0; k < S::W; ++k) lane[k] = k;
+  const VI lane = S::lanes();
   V left_w_prev = O::splat(left_w0), left_d_prev = O::splat(left_d0);  // lane W-1: knot c - 1's
   // Lane k handles the segment (j - 1, j), j = c + k < c1, and completes knot
   // j - 1. In the last, partial vector the lanes j ≥ c1 write 0 and take b = 0.
