@@ -74,8 +74,10 @@
 #include <utility>
 #include <cfenv>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -1191,12 +1193,45 @@ struct RowStatistics {
   T* far_diff(index_t row) const { return values + row * width + 5; }
 };
 
+/// A forward score or weight tile: rows × (kBc + 1 + pad) elements of T,
+/// column 0 the halo key, column 1 the tile's first key; zeros where `zero`,
+/// else uninitialised. Column 1 of every row sits on a 64-byte boundary and
+/// the row stride is a whole number of 64-byte lines, so that the products'
+/// row stores (a 16-key block: one line in float) and the row passes' vector
+/// loads and stores never split a cache line (docs/PERFORMANCE.md, "Score
+/// tiles on cache lines").
+template <class T>
+class ScoreTile {
+ public:
+  ScoreTile() = default;
+  ScoreTile(index_t rows, bool zero) : buf_(new T[std::size_t(rows * kStride + kLine)]) {
+    const auto at = reinterpret_cast<std::uintptr_t>(buf_.get());
+    const std::size_t skip = (kAlign - at % kAlign) % kAlign / sizeof(T);  // to the first aligned element
+    data_ = buf_.get() + skip + kLine - 1;                                  // column 1 on it
+    if (zero) std::fill_n(buf_.get(), rows * kStride + kLine, T(0));
+  }
+  T* row(index_t r) { return data_ + r * kStride; }
+  T& operator()(index_t r, index_t c) { return data_[r * kStride + c]; }
+  T* data() { return data_; }
+  /// Elements from one row to the next.
+  static constexpr index_t stride() { return kStride; }
+
+ private:
+  static constexpr std::size_t kAlign = 64;
+  // Elements per 64-byte line (1 where T does not divide it: no alignment asked).
+  static constexpr index_t kLine = kAlign % sizeof(T) == 0 ? index_t(kAlign / sizeof(T)) : 1;
+  // Columns kBc + 1 + pad from column 0 at kLine − 1, in whole lines.
+  static constexpr index_t kStride = (kLine - 1 + kBc + 1 + kPad<T> + kLine - 1) / kLine * kLine;
+  std::unique_ptr<T[]> buf_;
+  T* data_ = nullptr;
+};
+
 template <class T>
 struct ForwardWorkspace {
   RowMatrix<T> q;       // kBr × D, rows scaled by c_i
   RowMatrix<T> kt;      // D × kBc: the key tile transposed (packed)
-  RowMatrix<T> s;       // kBr × (kBc + 1 + pad): column 0 = halo key, column kBc carries the next halo
-  RowMatrix<T> w;       // kBr × (kBc + 1 + pad): weights α e^{-m} (vector tails write the pad)
+  ScoreTile<T> s;       // kBr rows: column 0 = halo key, column kBc carries the next halo
+  ScoreTile<T> w;       // kBr rows: weights α e^{-m} (vector tails write the pad)
   RowMatrix<T> o;       // kBr × Dv accumulators of the far keys' terms
   std::vector<T> m, l;  // running maximum; Σ α e^{-m} of the keys in o
   // A bfloat16 unit with row statistics: Σ (W̃ − W) over the keys whose
@@ -1245,8 +1280,8 @@ struct ForwardWorkspace {
     if (stage && !on_unit()) vstage.resize(std::size_t((kBc + 1) * Dv));
     if (stage && on_unit()) vhalo.resize(std::size_t(Dv));
     const index_t nr = on_unit() ? round_up(rows, bf16::kRows) : rows;
-    s = RowMatrix<T>::Zero(nr, kBc + 1 + kPad<T>);
-    w.resize(nr, kBc + 1 + kPad<T>);
+    s = ScoreTile<T>(nr, true);
+    w = ScoreTile<T>(nr, false);
     if (on_unit()) {
       Dp = round_up(D, bf16::kStep);
       Dvp = round_up(Dv, bf16::kCols);
@@ -1459,7 +1494,7 @@ void pack_tile_bf16(const KeyValue<S>& kv, index_t b, index_t hk, index_t k0, in
 template <class T>
 void scores_bf16(index_t g0, index_t g1, index_t nr, index_t j0, index_t j1, ForwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
-    const index_t lds = ws.s.cols();
+    const index_t lds = ws.s.stride();
     for (index_t g = g0; g < g1 && g < nr; g += bf16::kRows)
       bf16::scores(ws.unit, ws.qb.data() + g * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), j0 / bf16::kCols,
                    (j1 + bf16::kCols - 1) / bf16::kCols, ws.s.data() + g * lds + 1 + j0, lds, block_rows(g, nr));
@@ -1477,7 +1512,7 @@ void scores_bf16(index_t g0, index_t g1, index_t nr, index_t j0, index_t j1, For
 template <class T>
 void weights_bf16(index_t Dv, index_t ce0, index_t cv1, index_t r, index_t n_cols, ForwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
-    const T* wr = ws.w.row(r).data();
+    const T* wr = ws.w.row(r);
     if (ce0 == 0) {
       const T w0 = bf16::round_bf16(wr[0]);
       T* orow = ws.o.row(r).data();
@@ -1642,7 +1677,7 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
   kmax = std::min(kmax, kz);
 
   const index_t ldv = kv.value.stride_seq;
-  const index_t lds = ws.s.cols(), ldw = ws.w.cols();
+  const index_t lds = ws.s.stride(), ldw = ws.w.stride();
   // Key tiles sit at multiples of kBc, whatever the block: a row is computed
   // with the same tiles (the same operations) in any query block, so a
   // KV-cache decode step reproduces the full forward's row bit for bit.
@@ -1728,14 +1763,14 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
       }
       for (index_t r = r0; r < r1; ++r) {
         const index_t lo = ws.range[r].lo, hi = ws.range[r].hi;
-        T* wr = ws.w.row(r).data();
+        T* wr = ws.w.row(r);
         const index_t vlo = std::max(lo, k0), vhi = std::min(hi, k1);
         ws.kb[r] = ws.ke[r] = 0;
         if (vlo >= vhi) {
           if (ws.on_unit()) std::fill_n(ws.wb.begin() + r * kBc, round_up(nc, bf16::kStep), std::uint16_t(0));
           continue;
         }
-        T* sr = ws.s.row(r).data();
+        T* sr = ws.s.row(r);
         // Tile columns of the visible keys: [cv0, cv1).
         const index_t cv0 = vlo - key0, cv1 = vhi - key0;
         // A unit: S = c_i ⊗ S_raw, in the same pass (the halo column is scaled already).
