@@ -3,6 +3,8 @@
 // - pack_transposed (the K/V tile packing: W × W blocks transposed in
 //   registers, scalar edges, zero padding): dst[d·ldd + c] = src[c·lds + d]
 //   (c < n), 0 (n ≤ c < ldd);
+// - ScoreTile (the forward's score and weight tiles): column 1 of every row on a
+//   64-byte line, the row stride whole lines, zeros when asked, rows apart;
 // - row_find (where the forward finds the column of a new row maximum, the
 //   reference key: whole vectors compared, the lane from the mask): the first c in [c0, c1)
 //   with s[c] == v, c1 when there is none.
@@ -10,6 +12,7 @@
 
 #include <continuum/backends/cpu/tiled.hpp>
 
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -71,5 +74,32 @@ TEMPLATE_TEST_CASE("row_find is the first column equal to the value", "[unit][ti
     }
   }
   INFO("c0 " << c0 << " c1 " << c1 << ", " << checks << " checks");
+  CHECK(wrong == 0);
+}
+
+TEMPLATE_TEST_CASE("ScoreTile puts every row's first key on a 64-byte line, rows apart", "[unit][tiled]", float, double,
+                   long double) {
+  using continuum::index_t;
+  namespace tl = continuum::cpu_detail::tiled;
+  using T = TestType;
+  const index_t rows = GENERATE(1, 3, 16, 256);
+  const index_t cols = tl::kBc + 1 + tl::kPad<T>;  // the columns the forward's row passes may touch
+  tl::ScoreTile<T> tile(rows, true);
+  CHECK(tile.stride() >= cols);
+  CHECK(tile.stride() * index_t(sizeof(T)) % 64 == 0);
+  index_t misaligned = 0, nonzero = 0;
+  for (index_t r = 0; r < rows; ++r) {
+    misaligned += reinterpret_cast<std::uintptr_t>(tile.row(r) + 1) % 64 != 0;
+    CHECK(tile.row(r) == tile.data() + r * tile.stride());
+    for (index_t c = 0; c < cols; ++c) nonzero += tile(r, c) != T(0);
+  }
+  CHECK(misaligned == 0);
+  CHECK(nonzero == 0);
+  // Every row's columns are its own (a sanitizer build also checks the bounds).
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t c = 0; c < cols; ++c) tile.row(r)[c] = T(r * cols + c);
+  index_t wrong = 0;
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t c = 0; c < cols; ++c) wrong += tile(r, c) != T(r * cols + c);
   CHECK(wrong == 0);
 }
