@@ -1205,9 +1205,10 @@ class ScoreTile {
  public:
   ScoreTile() = default;
   ScoreTile(index_t rows, bool zero) : buf_(new T[std::size_t(rows * kStride + kLine)]) {
+    // Elements to the first 64-byte boundary (none where no alignment is asked).
     const auto at = reinterpret_cast<std::uintptr_t>(buf_.get());
-    const std::size_t skip = (kAlign - at % kAlign) % kAlign / sizeof(T);  // to the first aligned element
-    data_ = buf_.get() + skip + kLine - 1;                                  // column 1 on it
+    const std::size_t skip = kLine == 1 ? 0 : (kAlign - at % kAlign) % kAlign / sizeof(T);
+    data_ = buf_.get() + skip + kLine - 1;  // column 1 on the boundary
     if (zero) std::fill_n(buf_.get(), rows * kStride + kLine, T(0));
   }
   T* row(index_t r) { return data_ + r * kStride; }
