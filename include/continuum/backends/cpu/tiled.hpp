@@ -108,7 +108,7 @@ namespace cpu_detail {
 namespace tiled {
 
 /// Tile sizes (rows of queries × keys). The forward's rows hold their scores
-/// and weights for a whole key tile (S, W: 512 KiB each in float), so that
+/// and weights for a whole key tile (S, W: 544 KiB each in float, kBr rows of ScoreTile), so that
 /// each row's maximum, rescaling and sums (horizontal reductions across the
 /// vector lanes) run once per 512 keys, not once per 128: 4-9 % of a bfloat16
 /// forward on an AMD Zen 5 (docs/PERFORMANCE.md, "Forward key tiles of 512").
