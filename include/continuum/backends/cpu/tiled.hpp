@@ -96,6 +96,7 @@
 #include "../../attention/visibility.hpp"
 #include "../row_state.hpp"
 #include "bf16_products.hpp"
+#include "spare_pool.hpp"
 #include "storage16.hpp"
 #include "tile_gemm.hpp"
 #include "vector_moments.hpp"
@@ -1195,7 +1196,7 @@ struct RowStatistics {
 
 /// A forward score or weight tile: rows × (kBc + 1 + pad) elements of T,
 /// column 0 the halo key, column 1 the tile's first key; zeros where `zero`,
-/// else uninitialised. Column 1 of every row sits on a 64-byte boundary and
+/// else uninitialised (as this thread's last call left its spare block). Column 1 of every row sits on a 64-byte boundary and
 /// the row stride is a whole number of 64-byte lines, so that the products'
 /// row stores (a 16-key block: one line in float) and the row passes' vector
 /// loads and stores never split a cache line (docs/PERFORMANCE.md, "Score
@@ -1204,12 +1205,13 @@ template <class T>
 class ScoreTile {
  public:
   ScoreTile() = default;
-  ScoreTile(index_t rows, bool zero) : buf_(new T[std::size_t(rows * kStride + kLine)]) {
+  ScoreTile(index_t rows, bool zero) {
+    T* const buf = buf_.allocate(std::size_t(rows * kStride + kLine));
     // Elements to the first 64-byte boundary (none where no alignment is asked).
-    const auto at = reinterpret_cast<std::uintptr_t>(buf_.get());
+    const auto at = reinterpret_cast<std::uintptr_t>(buf);
     const std::size_t skip = kLine == 1 ? 0 : (kAlign - at % kAlign) % kAlign / sizeof(T);
-    data_ = buf_.get() + skip + kLine - 1;  // column 1 on the boundary
-    if (zero) std::fill_n(buf_.get(), rows * kStride + kLine, T(0));
+    data_ = buf + skip + kLine - 1;  // column 1 on the boundary
+    if (zero) std::fill_n(buf, rows * kStride + kLine, T(0));
   }
   T* row(index_t r) { return data_ + r * kStride; }
   T& operator()(index_t r, index_t c) { return data_[r * kStride + c]; }
@@ -1223,7 +1225,7 @@ class ScoreTile {
   static constexpr index_t kLine = kAlign % sizeof(T) == 0 ? index_t(kAlign / sizeof(T)) : 1;
   // Columns kBc + 1 + pad from column 0 at kLine − 1, in whole lines.
   static constexpr index_t kStride = (kLine - 1 + kBc + 1 + kPad<T> + kLine - 1) / kLine * kLine;
-  std::unique_ptr<T[]> buf_;
+  Buffer<T> buf_;  // from this thread's spare blocks (spare_pool.hpp)
   T* data_ = nullptr;
 };
 
@@ -1263,7 +1265,8 @@ struct ForwardWorkspace {
   // The stencil's accuracy: bf16 for bfloat16 storage computed in float.
   StencilAccuracy accuracy = StencilAccuracy::full;
   index_t Dp = 0, Dvp = 0;
-  std::vector<std::uint16_t> qb, kp, vp, wb;
+  std::vector<std::uint16_t> qb, kp, vp;
+  Buffer<std::uint16_t> wb;  // nr × kBc (spare_pool.hpp)
   std::vector<T> c, halo, vhalo;
   const T* vh = nullptr;  // the value row of the tile's halo key, in T
   std::vector<char> seen;
@@ -1289,7 +1292,7 @@ struct ForwardWorkspace {
       qb.assign(std::size_t(nr * Dp), 0);
       kp.resize(std::size_t(kBc * Dp));
       vp.resize(std::size_t(kBc * Dvp));
-      wb.assign(std::size_t(nr * kBc), 0);
+      std::fill_n(wb.allocate(std::size_t(nr * kBc)), nr * kBc, std::uint16_t(0));
       c.resize(std::size_t(nr));
       halo.resize(std::size_t(nr * bf16::kCols));
       seen.resize(std::size_t(kBc));
@@ -1672,7 +1675,7 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
   // A bfloat16 unit: the rows of the last tile past nr hold zeros (weights) and no scores
   // that are read; each row's products involve its own row only.
   const index_t nr_tiles = ws.on_unit() ? round_up(nr, bf16::kRows) : nr;
-  if (ws.on_unit()) std::fill(ws.wb.begin() + nr * kBc, ws.wb.begin() + nr_tiles * kBc, std::uint16_t(0));
+  if (ws.on_unit()) std::fill(ws.wb.data() + nr * kBc, ws.wb.data() + nr_tiles * kBc, std::uint16_t(0));
   ws.o.topRows(nr_tiles).setZero();
   kmin = std::max(kmin, ka);  // this task's chunk of keys
   kmax = std::min(kmax, kz);
@@ -1768,7 +1771,7 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
         const index_t vlo = std::max(lo, k0), vhi = std::min(hi, k1);
         ws.kb[r] = ws.ke[r] = 0;
         if (vlo >= vhi) {
-          if (ws.on_unit()) std::fill_n(ws.wb.begin() + r * kBc, round_up(nc, bf16::kStep), std::uint16_t(0));
+          if (ws.on_unit()) std::fill_n(ws.wb.data() + r * kBc, round_up(nc, bf16::kStep), std::uint16_t(0));
           continue;
         }
         T* sr = ws.s.row(r);

@@ -25,6 +25,7 @@
 #include "../../attention/params.hpp"
 #include "../../attention/validate.hpp"
 #include "isa.hpp"
+#include "spare_pool.hpp"
 #include "storage16.hpp"
 #include "tiled.hpp"
 
@@ -52,86 +53,6 @@ struct wider<double> {
 };
 template <class T>
 using wider_t = typename wider<T>::type;
-
-/// The blocks a thread's finished calls left for its next ones: the copies
-/// of a widened call are taken from here, not faulted in afresh (page faults
-/// were 8 ms, 15 %, of a 52 ms causal bfloat16 forward at 2048 tokens, 8
-/// heads, head_dim 64: docs/PERFORMANCE.md). At most kSpareBytes per thread
-/// and type W are kept (per instruction set too, this being in its
-/// namespace); a returned block is kept and the smallest kept ones make room,
-/// and a block larger than kSpareBytes goes back to the system, where its
-/// faults cost little beside the O(n²d) work of the call that needed it. Each
-/// thread has its own pool (thread_local), freed when the thread ends.
-template <class W>
-class SparePool {
- public:
-  static constexpr std::size_t kSpareBytes = std::size_t(64) << 20;
-  struct Block {
-    std::unique_ptr<W[]> p;
-    std::size_t n = 0;
-  };
-  static SparePool& local() {
-    thread_local SparePool pool;
-    return pool;
-  }
-  /// The smallest kept block of at least n elements, or a new one.
-  Block take(std::size_t n) {
-    std::size_t best = blocks_.size();
-    for (std::size_t i = 0; i < blocks_.size(); ++i)
-      if (blocks_[i].n >= n && (best == blocks_.size() || blocks_[i].n < blocks_[best].n)) best = i;
-    if (best == blocks_.size()) return Block{std::unique_ptr<W[]>(new W[n]), n};
-    Block b = std::move(blocks_[best]);
-    blocks_.erase(blocks_.begin() + std::ptrdiff_t(best));
-    bytes_ -= b.n * sizeof(W);
-    return b;
-  }
-  /// Keeps b for a later call if it fits, dropping the smallest kept blocks
-  /// to make room; b is freed instead if it cannot be kept (too large, or no
-  /// memory to list it).
-  void give(Block b) noexcept {
-    const std::size_t size = b.n * sizeof(W);
-    if (!b.p || size > kSpareBytes) return;
-    while (!blocks_.empty() && bytes_ + size > kSpareBytes) {
-      auto smallest = std::min_element(blocks_.begin(), blocks_.end(),
-                                       [](const Block& x, const Block& y) { return x.n < y.n; });
-      bytes_ -= smallest->n * sizeof(W);
-      blocks_.erase(smallest);
-    }
-    try {
-      blocks_.push_back(std::move(b));  // strong guarantee: on bad_alloc b still owns (and frees) its block
-      bytes_ += size;
-    } catch (...) {
-    }
-  }
-
- private:
-  std::vector<Block> blocks_;
-  std::size_t bytes_ = 0;
-};
-
-/// Storage for n W's from the calling thread's SparePool, left
-/// uninitialised: every element is written before it is read, by the call's
-/// threads (a new block's pages are first touched there, not in a serial
-/// fill). Given back to the pool when destroyed.
-template <class W>
-class Buffer {
- public:
-  Buffer() = default;
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  ~Buffer() {
-    if (b_.p) SparePool<W>::local().give(std::move(b_));
-  }
-  W* allocate(std::size_t n) {
-    if (b_.p) SparePool<W>::local().give(std::move(b_));
-    b_ = n ? SparePool<W>::local().take(n) : typename SparePool<W>::Block{};
-    return b_.p.get();
-  }
-  W* data() const { return b_.p.get(); }
-
- private:
-  typename SparePool<W>::Block b_;
-};
 
 /// f(r) for every r in [0, n), on up to `threads` threads (static schedule),
 /// each in the caller's floating-point modes (tiled.hpp, CallerFloatModes).
