@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""Coefficients of the bfloat16-accuracy series regime of the CPU stencil.
+"""Coefficients of the CPU stencil's series regimes.
 
-Prints the arrays `nu_bf16` … `kappa_bf16` of VectorMath<float>
-(include/continuum/backends/cpu/vector_moments.hpp; docs/MATH.md §10, "The
-bfloat16 stencil"): the Chebyshev interpolants, by mpmath.chebyfit at 60
-digits, of the exponential moments of §5 as functions of b = -a, on
-b in [0, 1/4] in t = b - 1/8 (nu, mu1: degree 2) and on b in [0, 1/2] in
-t = b - 1/4 (nu2, mu2, kappa: degree 3), lowest power first, each with its
-largest error relative to the function's smallest value on the interval.
+Prints, for include/continuum/backends/cpu/vector_moments.hpp:
+* the forward weights' h(d) = (d - 1 + e^-d)/d^2 (docs/MATH.md §5, "The
+  forward stencil in d"), interpolated at Chebyshev nodes in d, lowest power
+  first: `h` of VectorMath<float> (d in [-2, 2], degree 10) and of
+  VectorMath<double> (d in [-2, 2], degree 17), and `h_bf16` (d in
+  [-1/4, 1/4], degree 3; docs/MATH.md §10, "The bfloat16 stencil");
+* the arrays `nu2_bf16`, `mu2_bf16`, `kappa_bf16` of the backward terms: the
+  Chebyshev interpolants, by mpmath.chebyfit at 60 digits, of the
+  exponential moments of §5 as functions of b = -a on b in [0, 1/2] in
+  t = b - 1/4 (degree 3).
+Each with its largest error relative to the function's smallest value on the
+interval.
 
 Usage: python scripts/gen_moments_bf16.py   (needs mpmath, a dependency of
 PyTorch in the project's virtual environment)
@@ -45,8 +50,33 @@ def fit(name, edge, degree):
     print(f"  static constexpr float {name}_bf16[{degree + 1}] = {{{body}}};")
 
 
+def h(d):
+    """(d - 1 + e^-d)/d^2 from its series (no cancellation near d = 0)."""
+    d = mp.mpf(d)
+    return mp.nsum(lambda k: (-d) ** k / (mp.factorial(k) * (k + 1) * (k + 2)), [0, mp.inf])
+
+
+def fit_h(name, ctype, edge, degree):
+    """h interpolated at degree + 1 Chebyshev nodes of [-edge, edge], in d."""
+    n = degree + 1
+    edge = mp.mpf(edge)
+    nodes = [edge * mp.cos(mp.pi * (2 * k + 1) / (2 * n)) for k in range(n)]
+    a = mp.matrix([[x**j for j in range(n)] for x in nodes])
+    c = mp.lu_solve(a, mp.matrix([h(x) for x in nodes]))
+    coeffs = [c[i] for i in range(n)]
+    sweep = [-edge + 2 * edge * k / 1000 for k in range(1001)]
+    err = max(abs(mp.polyval(list(reversed(coeffs)), x) - h(x)) / h(x) for x in sweep)
+    suffix = "f" if ctype == "float" else ""
+    body = ", ".join(mp.nstr(x, 21) + suffix for x in coeffs)
+    print(f"  // {name} ({ctype}): max relative error {float(err):.1e}")
+    print(f"  static constexpr {ctype} {name}[{n}] = {{{body}}};")
+
+
 if __name__ == "__main__":
-    for name in ("nu", "mu1"):
-        fit(name, 0.25, 2)
+    mp.mp.dps = 80
+    fit_h("h", "float", 2, 10)
+    fit_h("h", "double", 2, 17)
+    fit_h("h_bf16", "float", mp.mpf(1) / 4, 3)
+    mp.mp.dps = 60
     for name in ("nu2", "mu2", "kappa"):
         fit(name, 0.5, 3)

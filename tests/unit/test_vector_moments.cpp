@@ -3,11 +3,14 @@
 // §5; themselves checked against MPFR in test_moments.cpp) and against expl.
 //
 // Each segment quantity is e^{max} times a moment of a = -b; the test feeds
-// knot exponentials Ex = 1, Ey = e^{-b} (rounded to T) and compares
+// knot exponentials 1 and e^{-b} (rounded to T) and compares
 //   near = ν(-b), far = μ1(-b), dnear = ν2(-b), dfar = μ2(-b), coupling = κ(-b)
 // with the scalar primitives, in ulps of the primitive's value, on both sides
 // of the b = 2 switch (±3 ulps), at the limits (b = 0, tiny, huge) and on a
-// log-spaced sweep. Scalar and vector forms are checked separately.
+// log-spaced sweep. The forward weights take the signed d = y - x, so both
+// orders are fed: the left knot the larger (d = -b: wx near, wy far) and the
+// right one (d = b: wy near, wx far). Scalar and vector forms are checked
+// separately.
 //
 // Bounds (measured maxima, printed, plus a margin): the polynomial branch is
 // the Chebyshev interpolant (≤ 0.1 ulp from the function) plus Horner and the
@@ -107,11 +110,13 @@ TEMPLATE_TEST_CASE("scalar segment terms match the moment primitives", "[vector_
   MaxUlp mf, mb;
   for (T b : sample_b<T>()) {
     const T ey = exp_neg(b);
-    T near, far;
-    segment_weights(b, T(1), ey, near, far);
+    T wx, wy, vx, vy;
+    segment_weights(-b, T(1), ey, wx, wy);  // left knot the larger
+    segment_weights(b, ey, T(1), vx, vy);   // right knot the larger
     T n2, f2, dn, df, cp;
     segment_terms(b, T(1), ey, n2, f2, dn, df, cp);
-    compare_one(b, near, far, dn, df, cp, mf);
+    compare_one(b, wx, wy, dn, df, cp, mf);
+    compare_one(b, vy, vx, dn, df, cp, mf);
     compare_one(b, n2, f2, dn, df, cp, mb);
   }
   report<T>("fwd", mf);
@@ -141,11 +146,13 @@ TEMPLATE_TEST_CASE("vector segment terms match the moment primitives", "[vector_
         ex[l] = T(1);
         ey[l] = exp_neg(b[l]);
       }
-      V near, far, n2, f2, dn, df, cp;
-      VO::segment_weights(b, ex, ey, near, far);
+      V wx, wy, vx, vy, n2, f2, dn, df, cp;
+      VO::segment_weights(-b, ex, ey, wx, wy);  // left knot the larger
+      VO::segment_weights(b, ey, ex, vx, vy);   // right knot the larger
       VO::segment_terms(b, ex, ey, n2, f2, dn, df, cp);
       for (int l = 0; l < W; ++l) {
-        compare_one(b[l], near[l], far[l], dn[l], df[l], cp[l], mf);
+        compare_one(b[l], wx[l], wy[l], dn[l], df[l], cp[l], mf);
+        compare_one(b[l], vy[l], vx[l], dn[l], df[l], cp[l], mf);
         compare_one(b[l], n2[l], f2[l], dn[l], df[l], cp[l], mb);
       }
     }
@@ -195,10 +202,10 @@ TEMPLATE_TEST_CASE("vector exp matches expl and flushes below the normal range",
 // MATH.md §10 "The bfloat16 stencil"): every term within 2^-14 of the function,
 // relative (absolute in units of FLT_MIN below float's normal range), against the
 // double primitives (≤ 1.2 ulp of double, test_moments.cpp).
-// The budget: interpolant ≤ 3.5e-5 on its interval, Horner and the e^{max}
-// product a few float ulps (~2e-7), the closed forms' cancellation at the edges
-// (b = 1/4 forward, 1/2 backward) ≤ 2.7e-5 (measured in an emulation; printed
-// here). Inputs: the sweep above, ±3 ulps around both edges, and a dense sweep of
+// The budget: interpolant ≤ 1.4e-6 (forward h) and ≤ 1.0e-5 (backward) on its
+// interval, Horner and the exponential's product a few float ulps (~2e-7), the
+// closed forms' cancellation at the edges (|d| = 1/4 forward, b = 1/2 backward)
+// ≤ 2.7e-5 (measured in an emulation; printed here). Inputs: the sweep above, ±3 ulps around both edges, and a dense sweep of
 // [0, 4], where the regimes meet.
 namespace {
 
@@ -258,10 +265,12 @@ TEST_CASE("bf16-accuracy segment terms stay within 2^-14 of the moments", "[vect
   MaxRel sf, sb;
   for (float b : bs) {
     const float ey = exp_neg(b);
-    float near, far, n2, f2, dn, df, cp;
-    segment_weights<float, kBf16>(b, 1.0f, ey, near, far);
+    float wx, wy, vx, vy, n2, f2, dn, df, cp;
+    segment_weights<float, kBf16>(-b, 1.0f, ey, wx, wy);  // left knot the larger
+    segment_weights<float, kBf16>(b, ey, 1.0f, vx, vy);   // right knot the larger
     segment_terms<float, kBf16>(b, 1.0f, ey, n2, f2, dn, df, cp);
-    sf.take(b, near, far, 0, 0, 0);
+    sf.take(b, wx, wy, 0, 0, 0);
+    sf.take(b, vy, vx, 0, 0, 0);
     sb.take(b, n2, f2, dn, df, cp);
   }
   sf.report("fwd", true);
@@ -283,11 +292,13 @@ TEST_CASE("bf16-accuracy segment terms stay within 2^-14 of the moments", "[vect
         ex[l] = exp_neg(b[l]);  // the other order of the knots: Ex the smaller
         ey[l] = 1.0f;
       }
-      V near, far, n2, f2, dn, df, cp;
-      VO::segment_weights<kBf16>(b, ex, ey, near, far);
+      V wx, wy, vx, vy, n2, f2, dn, df, cp;
+      VO::segment_weights<kBf16>(b, ex, ey, wx, wy);   // right knot the larger (ey = 1)
+      VO::segment_weights<kBf16>(-b, ey, ex, vx, vy);  // left knot the larger
       VO::segment_terms<kBf16>(b, ex, ey, n2, f2, dn, df, cp);
       for (int l = 0; l < W; ++l) {
-        vf.take(b[l], near[l], far[l], 0, 0, 0);
+        vf.take(b[l], wy[l], wx[l], 0, 0, 0);
+        vf.take(b[l], vx[l], vy[l], 0, 0, 0);
         vb.take(b[l], n2[l], f2[l], dn[l], df[l], cp[l]);
       }
     }

@@ -870,23 +870,20 @@ inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bo
   T last_left = half_lo ? T(0.5) * e0 : T(0), last_e = e0;  // knot c1 - 1
   // Lane k handles the segment (j - 1, j), j = c + k < c1, and writes w[j - 1].
   // In the last, partial vector the lanes j ≥ c1 (past the row) write 0 and
-  // take b = 0 (the cheap regime).
+  // take d = 0 (the cheap regime).
   const auto step = [&](index_t c, auto partial) {
     constexpr bool kPartial = decltype(partial)::value;
     const V x = S::load(s + c - 1), y = S::load(s + c);
     const V ey = S::load(w + c);  // e^{y - m}, from the first pass
     const V ex = shift_in<T>(e_prev, ey);
-    const VI y_near = y >= x, x_near = x >= y;  // which knot takes the near weight (ties: both)
-    V b = O::vabs(x - y);
+    V d = y - x;
     VI valid{};
     if constexpr (kPartial) {
       valid = (lane + typename SimdInt<T>::type(c)) < typename SimdInt<T>::type(c1);
-      b = valid ? b : V{};
+      d = valid ? d : V{};
     }
-    V near, far;
-    O::template segment_weights<A>(b, ex, ey, near, far);
-    const V left = y_near ? near : far;   // weight of knot j from this segment
-    const V right = x_near ? near : far;  // weight of knot j - 1 from this segment
+    V right, left;  // weights of knot j - 1 and of knot j from this segment
+    O::template segment_weights<A>(d, ex, ey, right, left);
     V wv = shift_in<T>(left_prev, left) + right;
     if constexpr (kPartial) wv = valid ? wv : V{};
     S::store(w + c - 1, wv);
@@ -912,14 +909,12 @@ inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bo
   {
   T e_prev = e0, left_prev = half_lo ? T(0.5) * e0 : T(0), sum = T(0);
   for (index_t j = c0 + 1; j < c1; ++j) {
-    const T x = s[j - 1], y = s[j];
-    const T ey = exp_clamped(y - m);
-    const T b = x > y ? x - y : y - x;
-    T near, far;
-    segment_weights<T, A>(b, e_prev, ey, near, far);
-    w[j - 1] = left_prev + (x >= y ? near : far);
+    const T ey = exp_clamped(s[j] - m);
+    T right, left;
+    segment_weights<T, A>(s[j] - s[j - 1], e_prev, ey, right, left);
+    w[j - 1] = left_prev + right;
     sum += w[j - 1];
-    left_prev = y >= x ? near : far;
+    left_prev = left;
     e_prev = ey;
   }
   w[c1 - 1] = left_prev + (half_hi ? T(0.5) * e_prev : T(0));

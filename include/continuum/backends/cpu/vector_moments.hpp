@@ -9,9 +9,17 @@
 // is selected per lane (a blend), and exp is a Cody–Waite reduction plus a
 // polynomial with the 2^n scaling done on the exponent bits.
 //
-// Segment of two neighbouring knots with scores x, y (already shifted by the
-// row's reference m, so Ex = e^{x-m}, Ey = e^{y-m} are the knot exponentials),
-// b = |x - y|, eM = max(Ex, Ey) = e^{max-m}, eMin = min(Ex, Ey) = e^{max-m} e^{-b}:
+// Segment of two neighbouring knots with scores x (left), y (right) (already
+// shifted by the row's reference m, so Ex = e^{x-m}, Ey = e^{y-m} are the knot
+// exponentials).
+// Forward weights (MATH.md §5, "The forward stencil in d"), from d = y - x
+// signed, with no compare of the knots: wy = Ey h(d), wx = Ex h(-d),
+// h(d) = (d - 1 + e^{-d})/d², for |d| ≤ 2 (float, double: the interpolant at
+// 11 / 18 Chebyshev nodes, relative error 1.0e-9 / 2.7e-18, evaluated at d and
+// -d at once from its even and odd parts); beyond, the segment's mass
+// D = (Ey - Ex)/d gives wy = (Ey - D)/d, wx = (D - Ex)/d.
+// Backward terms, with b = |x - y|, eM = max(Ex, Ey) = e^{max-m},
+// eMin = min(Ex, Ey) = e^{max-m} e^{-b}:
 //   near weight  eM ν(-b)   (the knot with the larger score)
 //   far weight   eM μ1(-b)
 //   near ∂/∂self eM ν2(-b),  far ∂/∂self eM μ2(-b),  coupling eM κ(-b).
@@ -24,7 +32,7 @@
 //    below 2× the value, so Horner adds at most ~2 ulp.
 //  * b > 2: the closed forms of MATH.md §5 written with eMin = eM e^{-b} (no second
 //    exponential) and r = 1/b (no b², b³, so no overflow):
-//      eM ν   = (eM (b-1) r + eMin r) r
+//      eM ν   = (eM (b-1) r + eMin r) r          (as the forward's, in b)
 //      eM μ1  = (eM - (1+b) eMin) r r            (1+b)e^{-b} ≤ 0.41: no cancellation
 //      eM κ   = ((b-2) r eM + (b+2) r eMin) r r  (both terms ≥ 0)
 //      eM ν2  = eM ((b-1) r)² r + (eM - 2 eMin) r r r
@@ -34,12 +42,11 @@
 //
 // StencilAccuracy::bf16 (bfloat16 storage computed in float, MATH.md §10,
 // "The bfloat16 stencil"): every term to a relative error of 2^-14 instead of
-// a few float ulp. The closed forms lose about 12 ulp / b² (ν, μ1) and
-// ~70 ulp / b³ (κ, ν2, μ2) to cancellation, which is below 2^-14 for b ≥ 1/4
-// (forward terms) and b ≥ 1/2 (backward terms), so the series regime shrinks to
-// b ≤ 1/4: a degree-2 interpolant in b - 1/8 (ν, μ1; relative error 8.2e-6,
-// 3.5e-5), and b ≤ 1/2: degree 3 in b - 1/4 (ν2, μ2, κ; 5.7e-7, 1.0e-5,
-// 3.2e-6). The series is short, so every vector evaluates both regimes and
+// a few float ulp. The closed forms lose about 12 ulp / d² (forward weights)
+// and ~70 ulp / b³ (κ, ν2, μ2) to cancellation, which is below 2^-14 for
+// |d| ≥ 1/4 (forward) and b ≥ 1/2 (backward terms), so the series regime
+// shrinks to |d| ≤ 1/4: h of degree 3 (relative error 1.4e-6), and b ≤ 1/2:
+// degree 3 in b - 1/4 (ν2, μ2, κ; 5.7e-7, 1.0e-5, 3.2e-6). The series is short, so every vector evaluates both regimes and
 // blends them without a branch (kBothRegimes); exp is the same (the closed
 // forms amplify its error by the same 1/b², 1/b³).
 //
@@ -93,20 +100,20 @@ struct VectorMath<float> {
     const float scale = __builtin_bit_cast(float, std::uint32_t(e + 127) << 23);
     return under ? 0.0f : y * scale;
   }
-  // Chebyshev interpolants on b ∈ [0, 2] in t = b - 1, c0 + c1 t + … (mpmath).
-  // nu: max abs error 4.7e-11; mu1: 4.4e-10; nu2: 8.3e-12; mu2: 4.0e-10; kappa: 3.9e-11.
-  static constexpr int kDeg = 8;
-  static constexpr float nu[9] = {0.367879441171442321596f, -0.103638323123991224246f, 0.0233369264109052586970f, -0.00434877476882405800140f, 0.000688923166296992986216f, -0.0000947192181459018985768f, 0.0000114952375339727149007f, -0.00000127244082016711531985f, 0.000000124414820269728166359f};
-  static constexpr float mu1[9] = {0.264241117657115356809f, -0.160602790549501347996f, 0.0569644703021807068517f, -0.0146394351927041441293f, 0.00297092843623007202897f, -0.000499274779995984022782f, 0.0000717287430779564687754f, -0.00000923028923924537263531f, 0.00000102361117962765898713f};
+  // The forward weights' h(d) = (d - 1 + e^{-d})/d² on d ∈ [-2, 2], c0 + c1 d + …:
+  // the interpolant at 11 Chebyshev nodes (scripts/gen_moments_bf16.py); max
+  // relative error 1.0e-9.
+  static constexpr float h[11] = {0.5f, -0.166666668528113749749f, 0.0416666667987623420418f, -0.00833332403485704292592f, 0.00138888822895550625037f, -0.000198425684778592454193f, 0.0000248025092481123512712f, -0.00000274834728834666171429f, 2.75048615659602845545e-7f, -2.68787420670337264047e-8f, 2.21760375433514206591e-9f};
+  // The backward terms: Chebyshev interpolants on b ∈ [0, 2] in t = b - 1, c0 + c1 t + … (mpmath).
+  // nu2: 8.3e-12; mu2: 4.0e-10; kappa: 3.9e-11 (max abs error).
   static constexpr float nu2[9] = {0.264241117657115356809f, -0.0569644705591759140081f, 0.0102906177373653966141f, -0.00159307953247720473726f, 0.000215233199883218764829f, -0.0000257539656556881141966f, 0.00000276349058774268439519f, -0.000000273006195044258394490f, 0.0000000241765545048020617732f};
   static constexpr float mu2[9] = {0.160602794142788392022f, -0.113928937984686037759f, 0.0439181616286408447688f, -0.0118837399563572908651f, 0.00249723846981629780758f, -0.000430309527505770238402f, 0.0000629969961317264382699f, -0.00000823085461412251570996f, 0.000000923372913862732882544f};
   static constexpr float kappa[9] = {0.103638323514326964787f, -0.0466738525648153102376f, 0.0130463086735398620829f, -0.00275569523634685326414f, 0.000473689966413774221387f, -0.0000689652524902137843802f, 0.00000873174694623003050550f, -0.000000999434625122856925356f, 0.000000100238265764926104585f};
-  // StencilAccuracy::bf16: interpolants on b ∈ [0, 1/4] in t = b - 1/8 (ν, μ1)
-  // and on b ∈ [0, 1/2] in t = b - 1/4 (ν2, μ2, κ), from mpmath.chebyfit at 60
-  // digits (scripts/gen_moments_bf16.py); max relative error on the interval:
-  // nu 8.2e-6; mu1 3.5e-5; nu2 5.7e-7; mu2 1.0e-5; kappa 3.2e-6.
-  static constexpr float nu_bf16[3] = {0.479801765414105783353f, -0.156719907308229324991f, 0.0386829807220610869595f};
-  static constexpr float mu1_bf16[3] = {0.460223013909130993728f, -0.303945185872684446101f, 0.113201553995910602161f};
+  // StencilAccuracy::bf16 (scripts/gen_moments_bf16.py): h on d ∈ [-1/4, 1/4]
+  // in d (4 Chebyshev nodes; max relative error 1.4e-6), and interpolants on
+  // b ∈ [0, 1/2] in t = b - 1/4 (ν2, μ2, κ), from mpmath.chebyfit at 60 digits;
+  // max relative error on the interval: nu2 5.7e-7; mu2 1.0e-5; kappa 3.2e-6.
+  static constexpr float h_bf16[4] = {0.499999321074252745032f, -0.16666656970132618103f, 0.0417535570437519413359f, -0.00834574355057846936544f};
   static constexpr float nu2_bf16[4] = {0.313499600849580774124f, -0.0754969486519073902147f, 0.0147459514237650038541f, -0.00241293239348970929749f};
   static constexpr float mu2_bf16[4] = {0.276669236239785122527f, -0.204855375303457746735f, 0.0815441655103563333131f, -0.0224830088127026837427f};
   static constexpr float kappa_bf16[4] = {0.147312359949398999787f, -0.0718157331913945730703f, 0.021234683111514619187f, -0.00465842676920657896736f};
@@ -144,10 +151,10 @@ struct VectorMath<double> {
     const double scale = __builtin_bit_cast(double, std::uint64_t(e + 1023) << 52);
     return under ? 0.0 : y * scale;
   }
-  // nu: 7.6e-20; mu1: 1.2e-18; nu2: 8.8e-21; mu2: 1.1e-18; kappa: 6.7e-20 (max abs error).
-  static constexpr int kDeg = 14;
-  static constexpr double nu[15] = {0.367879441171442321596, -0.103638323514326965859, 0.0233369264429327688345, -0.00434876956677891965698, 0.000688922739435245142770, -0.0000947379218539867001755, 0.0000114967725655550930415, -0.00000124757588883144877753, 0.000000122373292807003455967, -0.0000000109478196098368946171, 0.000000000900048483490934197182, -0.0000000000684308880237403273591, 0.00000000000483932739233514156289, -0.000000000000324211915817205582658, 0.0000000000000200779301925119219855};
-  static constexpr double mu1[15] = {0.264241117657115356809, -0.160602794142788408259, 0.0569644706284614281901, -0.0146393873093742432632, 0.00297092408790842937144, -0.000499446895734683322119, 0.0000717443767228765140926, -0.00000900162075259895881986, 0.00000100282930321744186560, -0.000000100477739859685962682, 0.00000000914772264285502622274, -0.000000000763073769086120662903, 0.0000000000587522332390700442333, -0.00000000000426619579892265010501, 0.000000000000284056055432181738687};
+  // h on d ∈ [-2, 2] (18 Chebyshev nodes; max relative error 2.7e-18).
+  static constexpr double h[18] = {0.500000000000000000855, -0.166666666666666666707, 0.0416666666666666320528, -0.00833333333333333169061, 0.00138888888888911958582, -0.0001984126984127093615, 0.0000248015873009954845985, -0.00000275573192237050037382, 2.75573193000131386638e-7, -2.50521084215282079288e-8, 2.08767515041734781549e-9, -1.60590412336816335124e-10, 1.14709777532190910817e-11, -7.64727395719519743283e-13, 4.77375802149607340684e-14, -2.80874092527476759172e-15, 1.63761263255169470069e-16, -8.58035784979426207328e-18};
+  // The backward terms, on b ∈ [0, 2] in t = b - 1.
+  // nu2: 8.8e-21; mu2: 1.1e-18; kappa: 6.7e-20 (max abs error).
   static constexpr double nu2[15] = {0.264241117657115356809, -0.0569644706284614273606, 0.0102906177425958896916, -0.00159307860903796563134, 0.000215233130167475345801, -0.0000257572864604172049400, 0.00000276374132930701885712, -0.000000268589547285742779367, 0.0000000238429616717358674333, -0.00000000194733310587624475106, 0.000000000147236138894376356698, -0.0000000000103604160356231248920, 0.000000000000681761250952841766204, -0.0000000000000426352935001486596378, 0.00000000000000247943311512481566688};
   static constexpr double mu2[15] = {0.160602794142788392022, -0.113928941256922869761, 0.0439181619281245490471, -0.0118836963516332892376, 0.00249723447864065957448, -0.000430466260341113826883, 0.0000630113454866284399083, -0.00000802263441105325282169, 0.000000904298972082174277068, -0.0000000914772533557253128160, 0.00000000839491029825846838226, -0.000000000705003297098003460436, 0.0000000000545946670976877444367, -0.00000000000398461917660559318199, 0.000000000000266457558354794632369};
   static constexpr double kappa[15] = {0.103638323514326964787, -0.0466738528858655384985, 0.0130463087003368791430, -0.00275569095774095402564, 0.000473689609267769796969, -0.0000689806353935694952355, 0.00000873303123624807418434, -0.000000978986341545705998168, 0.0000000985303311352675885333, -0.00000000900048650396064986604, 0.000000000752812344596557840484, -0.0000000000580704719881172024671, 0.00000000000415756614138229979668, -0.000000000000281576622317056923020, 0.0000000000000175984970773871063186};
@@ -163,9 +170,7 @@ struct VectorMath<long double> {
   static inline long double exp_clamped(long double x) {
     return x < -11355.0L ? 0.0L : std::exp(x);  // LDBL_MIN = e^{-11355.1}
   }
-  static constexpr int kDeg = VectorMath<double>::kDeg;
-  static constexpr const double (&nu)[15] = VectorMath<double>::nu;
-  static constexpr const double (&mu1)[15] = VectorMath<double>::mu1;
+  static constexpr const double (&h)[18] = VectorMath<double>::h;
   static constexpr const double (&nu2)[15] = VectorMath<double>::nu2;
   static constexpr const double (&mu2)[15] = VectorMath<double>::mu2;
   static constexpr const double (&kappa)[15] = VectorMath<double>::kappa;
@@ -178,15 +183,14 @@ struct VectorMath<long double> {
 /// `full`.
 enum class StencilAccuracy { full, bf16 };
 
-/// Where the series regime ends (b ≤ edge), the point its interpolants are
-/// centred on, and their coefficients, for the forward terms (ν, μ1) and the
-/// backward ones (ν2, μ2, κ).
+/// Where the series regime ends (|d| ≤ fwd_edge, b ≤ bwd_edge) and the
+/// coefficients: h for the forward weights, in d; the backward terms (ν2, μ2,
+/// κ) in b - bwd_centre.
 template <class T, StencilAccuracy A>
 struct Series {
   using M = VectorMath<T>;
-  static constexpr T fwd_edge = T(2), fwd_centre = T(1), bwd_edge = T(2), bwd_centre = T(1);
-  static constexpr const auto& nu = M::nu;
-  static constexpr const auto& mu1 = M::mu1;
+  static constexpr T fwd_edge = T(2), bwd_edge = T(2), bwd_centre = T(1);
+  static constexpr const auto& h = M::h;
   static constexpr const auto& nu2 = M::nu2;
   static constexpr const auto& mu2 = M::mu2;
   static constexpr const auto& kappa = M::kappa;
@@ -194,9 +198,8 @@ struct Series {
 template <>
 struct Series<float, StencilAccuracy::bf16> {
   using M = VectorMath<float>;
-  static constexpr float fwd_edge = 0.25f, fwd_centre = 0.125f, bwd_edge = 0.5f, bwd_centre = 0.25f;
-  static constexpr const auto& nu = M::nu_bf16;
-  static constexpr const auto& mu1 = M::mu1_bf16;
+  static constexpr float fwd_edge = 0.25f, bwd_edge = 0.5f, bwd_centre = 0.25f;
+  static constexpr const auto& h = M::h_bf16;
   static constexpr const auto& nu2 = M::nu2_bf16;
   static constexpr const auto& mu2 = M::mu2_bf16;
   static constexpr const auto& kappa = M::kappa_bf16;
@@ -217,24 +220,37 @@ inline T exp_clamped(T x) {
   return VectorMath<T>::exp_clamped(x);
 }
 
-/// Forward weights of one segment: `near` = eM ν(-b) goes to the knot with the
-/// larger score, `far` = eM μ1(-b) to the other. Ex, Ey are the knots'
-/// exponentials (same shift), b = |x - y| ≥ 0 finite.
+/// c[0] + c[1] d + … at d and at -d, from its even and odd parts in d²:
+/// plus = E + d·O, minus = E - d·O.
+template <class T, class C, int N>
+inline void horner_pm(const C (&c)[N], T d, T& plus, T& minus) {
+  const T d2 = d * d;
+  T e = T(c[(N - 1) / 2 * 2]), o = T(c[(N - 2) / 2 * 2 + 1]);
+#pragma GCC unroll 16
+  for (int k = (N - 1) / 2 * 2 - 2; k >= 0; k -= 2) e = e * d2 + T(c[k]);
+#pragma GCC unroll 16
+  for (int k = (N - 2) / 2 * 2 - 1; k >= 1; k -= 2) o = o * d2 + T(c[k]);
+  const T od = o * d;
+  plus = e + od;
+  minus = e - od;
+}
+
+/// Forward weights of one segment (MATH.md §5, "The forward stencil in d"):
+/// knots x (left) and y (right), d = y - x finite, Ex, Ey their exponentials
+/// (same shift); wx = ∫₀¹ (1-t) e^{x+dt} dt goes to x, wy = ∫₀¹ t e^{x+dt} dt
+/// to y. |d| ≤ edge: wy = Ey h(d), wx = Ex h(-d), h(d) = (d - 1 + e^{-d})/d²
+/// (Series::h); else, with the segment's mass D = (Ey - Ex)/d, wy = (Ey - D)/d
+/// and wx = (D - Ex)/d. No branch on which knot is larger.
 template <class T, StencilAccuracy A = StencilAccuracy::full>
-inline void segment_weights(T b, T Ex, T Ey, T& near, T& far) {
+inline void segment_weights(T d, T Ex, T Ey, T& wx, T& wy) {
   using R = Series<T, A>;
-  const T eM = Ex > Ey ? Ex : Ey;
-  const T eMin = Ex > Ey ? Ey : Ex;
-  const T t = b - T(1);
-  const T tp = b - R::fwd_centre;
-  const T pn = eM * horner(R::nu, tp);
-  const T pf = eM * horner(R::mu1, tp);
-  const T r = T(1) / (b > R::fwd_edge ? b : R::fwd_edge);  // the closed form is only used for b > edge
-  const T cn = (eM * (t * r) + eMin * r) * r;
-  const T cf = ((eM - (T(1) + b) * eMin) * r) * r;
-  const bool series = b <= R::fwd_edge;
-  near = series ? pn : cn;
-  far = series ? pf : cf;
+  T hp, hm;
+  horner_pm(R::h, d, hp, hm);
+  const T r = T(1) / d;  // used only where |d| > edge
+  const T mass = (Ey - Ex) * r;
+  const bool series = (d < T(0) ? -d : d) <= R::fwd_edge;
+  wy = series ? Ey * hp : (Ey - mass) * r;
+  wx = series ? Ex * hm : (mass - Ex) * r;
 }
 
 /// Forward and backward terms of one segment: the two weights (near, far),
@@ -336,7 +352,8 @@ struct VectorOps {
     }
   }
 
-  /// 1/x for x ≥ 1/4 (finite or +∞). AVX-512: 14-bit estimate refined by Newton
+  /// 1/x for |x| ≥ 1/4 (finite or ±∞; lanes nearer 0, which no caller
+  /// selects, may give ±∞ or NaN). AVX-512: 14-bit estimate refined by Newton
   /// steps (one for float, two for double: error ≤ 2^-28 / 2^-56 before the
   /// final rounding); elsewhere a division.
   static V reciprocal(V x) {
@@ -414,35 +431,50 @@ struct VectorOps {
   template <StencilAccuracy A>
   static constexpr bool kBothRegimes = kFloat && A == StencilAccuracy::bf16;
 
-  /// Forward segment weights, as segment_weights() above.
+  template <int N>
+  static void horner_pm(const T (&c)[N], V d, V& plus, V& minus) {
+    const V d2 = d * d;
+    V e = splat(c[(N - 1) / 2 * 2]), o = splat(c[(N - 2) / 2 * 2 + 1]);
+#pragma GCC unroll 16
+    for (int k = (N - 1) / 2 * 2 - 2; k >= 0; k -= 2) e = e * d2 + c[k];
+#pragma GCC unroll 16
+    for (int k = (N - 2) / 2 * 2 - 1; k >= 1; k -= 2) o = o * d2 + c[k];
+    const V od = o * d;
+    plus = e + od;
+    minus = e - od;
+  }
+
+  /// Forward segment weights, as segment_weights() above (d = y - x signed;
+  /// the closed form's lanes with |d| ≤ edge, d = 0 among them, may hold
+  /// inf or NaN and are not selected).
   template <StencilAccuracy A = StencilAccuracy::full>
-  static void segment_weights(V b, V Ex, V Ey, V& near, V& far) {
+  static void segment_weights(V d, V Ex, V Ey, V& wx, V& wy) {
     using R = Series<T, A>;
-    const V eM = vmax(Ex, Ey), eMin = vmin(Ex, Ey);
-    const V t = b - T(1);
+    const V b = vabs(d);
     const int regime = kBothRegimes<A> ? 1 : series_lanes(b, R::fwd_edge);
-    V pn{}, pf{}, cn{}, cf{};
+    V sy{}, sx{};
     if (regime != 0) {
-      const V tp = b - R::fwd_centre;
-      pn = eM * horner(R::nu, tp);
-      pf = eM * horner(R::mu1, tp);
+      V hp, hm;
+      horner_pm(R::h, d, hp, hm);
+      sy = Ey * hp;
+      sx = Ex * hm;
       if (regime == 2) {
-        near = pn;
-        far = pf;
+        wy = sy;
+        wx = sx;
         return;
       }
     }
-    const V r = reciprocal(vmax(b, splat(R::fwd_edge)));
-    cn = (eM * (t * r) + eMin * r) * r;
-    cf = ((eM - (T(1) + b) * eMin) * r) * r;
+    const V r = reciprocal(d);
+    const V mass = (Ey - Ex) * r;
+    const V cy = (Ey - mass) * r, cx = (mass - Ex) * r;
     if (regime == 0) {
-      near = cn;
-      far = cf;
+      wy = cy;
+      wx = cx;
       return;
     }
     const VI series = b <= R::fwd_edge;
-    near = series ? pn : cn;
-    far = series ? pf : cf;
+    wy = series ? sy : cy;
+    wx = series ? sx : cx;
   }
 
   /// Forward and backward segment terms, as segment_terms() above.
