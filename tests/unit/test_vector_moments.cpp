@@ -113,11 +113,13 @@ TEMPLATE_TEST_CASE("scalar segment terms match the moment primitives", "[vector_
     T wx, wy, vx, vy;
     segment_weights(-b, T(1), ey, wx, wy);  // left knot the larger
     segment_weights(b, ey, T(1), vx, vy);   // right knot the larger
-    T n2, f2, dn, df, cp;
-    segment_terms(b, T(1), ey, n2, f2, dn, df, cp);
-    compare_one(b, wx, wy, dn, df, cp, mf);
-    compare_one(b, vy, vx, dn, df, cp, mf);
-    compare_one(b, n2, f2, dn, df, cp, mb);
+    T lx, ly, ldx, ldy, lc, rx, ry, rdx, rdy, rc;
+    segment_terms(-b, T(1), ey, lx, ly, ldx, ldy, lc);
+    segment_terms(b, ey, T(1), rx, ry, rdx, rdy, rc);
+    compare_one(b, wx, wy, ldx, ldy, lc, mf);
+    compare_one(b, vy, vx, rdy, rdx, rc, mf);
+    compare_one(b, lx, ly, ldx, ldy, lc, mb);
+    compare_one(b, ry, rx, rdy, rdx, rc, mb);
   }
   report<T>("fwd", mf);
   report<T>("bwd", mb);
@@ -146,14 +148,17 @@ TEMPLATE_TEST_CASE("vector segment terms match the moment primitives", "[vector_
         ex[l] = T(1);
         ey[l] = exp_neg(b[l]);
       }
-      V wx, wy, vx, vy, n2, f2, dn, df, cp;
+      V wx, wy, vx, vy;
       VO::segment_weights(-b, ex, ey, wx, wy);  // left knot the larger
       VO::segment_weights(b, ey, ex, vx, vy);   // right knot the larger
-      VO::segment_terms(b, ex, ey, n2, f2, dn, df, cp);
+      V lx, ly, ldx, ldy, lc, rx, ry, rdx, rdy, rc;
+      VO::segment_terms(-b, ex, ey, lx, ly, ldx, ldy, lc);
+      VO::segment_terms(b, ey, ex, rx, ry, rdx, rdy, rc);
       for (int l = 0; l < W; ++l) {
-        compare_one(b[l], wx[l], wy[l], dn[l], df[l], cp[l], mf);
-        compare_one(b[l], vy[l], vx[l], dn[l], df[l], cp[l], mf);
-        compare_one(b[l], n2[l], f2[l], dn[l], df[l], cp[l], mb);
+        compare_one(b[l], wx[l], wy[l], ldx[l], ldy[l], lc[l], mf);
+        compare_one(b[l], vy[l], vx[l], rdy[l], rdx[l], rc[l], mf);
+        compare_one(b[l], lx[l], ly[l], ldx[l], ldy[l], lc[l], mb);
+        compare_one(b[l], ry[l], rx[l], rdy[l], rdx[l], rc[l], mb);
       }
     }
   report<T>("vfwd", mf);
@@ -265,13 +270,16 @@ TEST_CASE("bf16-accuracy segment terms stay within 2^-14 of the moments", "[vect
   MaxRel sf, sb;
   for (float b : bs) {
     const float ey = exp_neg(b);
-    float wx, wy, vx, vy, n2, f2, dn, df, cp;
+    float wx, wy, vx, vy;
     segment_weights<float, kBf16>(-b, 1.0f, ey, wx, wy);  // left knot the larger
     segment_weights<float, kBf16>(b, ey, 1.0f, vx, vy);   // right knot the larger
-    segment_terms<float, kBf16>(b, 1.0f, ey, n2, f2, dn, df, cp);
+    float lx, ly, ldx, ldy, lc, rx, ry, rdx, rdy, rc;
+    segment_terms<float, kBf16>(-b, 1.0f, ey, lx, ly, ldx, ldy, lc);
+    segment_terms<float, kBf16>(b, ey, 1.0f, rx, ry, rdx, rdy, rc);
     sf.take(b, wx, wy, 0, 0, 0);
     sf.take(b, vy, vx, 0, 0, 0);
-    sb.take(b, n2, f2, dn, df, cp);
+    sb.take(b, lx, ly, ldx, ldy, lc);
+    sb.take(b, ry, rx, rdy, rdx, rc);
   }
   sf.report("fwd", true);
   sb.report("bwd", false);
@@ -292,14 +300,17 @@ TEST_CASE("bf16-accuracy segment terms stay within 2^-14 of the moments", "[vect
         ex[l] = exp_neg(b[l]);  // the other order of the knots: Ex the smaller
         ey[l] = 1.0f;
       }
-      V wx, wy, vx, vy, n2, f2, dn, df, cp;
+      V wx, wy, vx, vy;
       VO::segment_weights<kBf16>(b, ex, ey, wx, wy);   // right knot the larger (ey = 1)
       VO::segment_weights<kBf16>(-b, ey, ex, vx, vy);  // left knot the larger
-      VO::segment_terms<kBf16>(b, ex, ey, n2, f2, dn, df, cp);
+      V lx, ly, ldx, ldy, lc, rx, ry, rdx, rdy, rc;
+      VO::segment_terms<kBf16>(-b, ey, ex, lx, ly, ldx, ldy, lc);  // left knot the larger
+      VO::segment_terms<kBf16>(b, ex, ey, rx, ry, rdx, rdy, rc);   // right knot the larger
       for (int l = 0; l < W; ++l) {
         vf.take(b[l], wy[l], wx[l], 0, 0, 0);
         vf.take(b[l], vx[l], vy[l], 0, 0, 0);
-        vb.take(b[l], n2[l], f2[l], dn[l], df[l], cp[l]);
+        vb.take(b[l], lx[l], ly[l], ldx[l], ldy[l], lc[l]);
+        vb.take(b[l], ry[l], rx[l], rdy[l], rdx[l], rc[l]);
       }
     }
   vf.report("vfwd", true);

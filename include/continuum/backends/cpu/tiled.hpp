@@ -1066,23 +1066,21 @@ inline void row_gradient_terms(const T* s, const T* e, const T* dp, T dpref, T d
   const VI lane = S::lanes();
   V left_w_prev = O::splat(left_w0), left_d_prev = O::splat(left_d0);  // lane W-1: knot c - 1's
   // Lane k handles the segment (j - 1, j), j = c + k < c1, and completes knot
-  // j - 1. In the last, partial vector the lanes j ≥ c1 write 0 and take b = 0.
+  // j - 1. In the last, partial vector the lanes j ≥ c1 write 0 and take d = 0.
   const auto step = [&](index_t c, auto partial) {
     constexpr bool kPartial = decltype(partial)::value;
-    const V x = S::load(s + c - 1), y = S::load(s + c);
-    V b = x > y ? x - y : y - x;
+    V d = S::load(s + c) - S::load(s + c - 1);
     VI valid{};
     if constexpr (kPartial) {
       valid = (lane + typename SimdInt<T>::type(c)) < typename SimdInt<T>::type(c1);
-      b = valid ? b : V{};
+      d = valid ? d : V{};
     }
-    V near, far, dnear, dfar, cpl;
-    O::template segment_terms<A>(b, S::load(e + c - 1), S::load(e + c), near, far, dnear, dfar, cpl);
+    V wx, wy, dwx, dwy, cpl;  // knot j - 1 is x, knot j is y
+    O::template segment_terms<A>(d, S::load(e + c - 1), S::load(e + c), wx, wy, dwx, dwy, cpl);
     const V gx = (S::load(dp + c - 1) - dpref) - delta, gy = (S::load(dp + c) - dpref) - delta;
-    const auto xn = x >= y, yn = y >= x;  // which knot takes the near weight (ties: both)
-    const V left_w = yn ? near : far, left_d = gy * (yn ? dnear : dfar) + gx * cpl;  // knot j's
-    V pw = (xn ? near : far) + shift_in<T>(left_w_prev, left_w);                       // knot j - 1's
-    V pd = (gx * (xn ? dnear : dfar) + gy * cpl) + shift_in<T>(left_d_prev, left_d);
+    const V left_w = wy, left_d = gy * dwy + gx * cpl;  // knot j's
+    V pw = wx + shift_in<T>(left_w_prev, left_w);       // knot j - 1's
+    V pd = (gx * dwx + gy * cpl) + shift_in<T>(left_d_prev, left_d);
     if constexpr (kPartial) {
       pw = valid ? pw : V{};
       pd = valid ? pd : V{};
@@ -1109,18 +1107,15 @@ inline void row_gradient_terms(const T* s, const T* e, const T* dp, T dpref, T d
   {
   T left_w = left_w0, left_d = left_d0;
   for (index_t j = c0 + 1; j < c1; ++j) {
-    const T x = s[j - 1], y = s[j];
-    const T b = x > y ? x - y : y - x;
-    T near, far, dnear, dfar, cpl;
-    segment_terms<T, A>(b, e[j - 1], e[j], near, far, dnear, dfar, cpl);
+    T wx, wy, dwx, dwy, cpl;  // knot j - 1 is x, knot j is y
+    segment_terms<T, A>(s[j] - s[j - 1], e[j - 1], e[j], wx, wy, dwx, dwy, cpl);
     const T gx = g_at(j - 1), gy = g_at(j);
-    const bool xn = x >= y, yn = y >= x;
     if (j - 1 >= off) {
-      p[j - 1 - off] = (xn ? near : far) + left_w;
-      ds[j - 1 - off] = (gx * (xn ? dnear : dfar) + gy * cpl) + left_d;
+      p[j - 1 - off] = wx + left_w;
+      ds[j - 1 - off] = (gx * dwx + gy * cpl) + left_d;
     }
-    left_w = yn ? near : far;
-    left_d = gy * (yn ? dnear : dfar) + gx * cpl;
+    left_w = wy;
+    left_d = gy * dwy + gx * cpl;
   }
   last_w = left_w;
   last_d = left_d;
@@ -2118,12 +2113,24 @@ struct RowInfo {
 
 /// One raw product q·k in W (double or wider), each term rounded (never
 /// contracted into an FMA: products that overflow T and cancel, W13, stay
-/// exact) and summed in d order.
+/// exact). float in double (every product exact) sums in vector lanes and
+/// then a tree (hsum), the tail in d order; other types in d order.
 template <class W, class TQ, class TK>
 CONTINUUM_NO_FP_CONTRACT_FN inline W wide_dot(const TQ* q, const TK* k, index_t depth) {
   CONTINUUM_NO_FP_CONTRACT_BODY
   W s = W(0);
-  for (index_t d = 0; d < depth; ++d) s += W(q[d]) * W(k[d]);
+  index_t d = 0;
+#if defined(CONTINUUM_CPU_SIMD)
+  if constexpr (std::is_same<TQ, TK>::value && !std::is_same<W, TQ>::value && kWidenable<W, TQ>) {
+    using N = WidenedLanes<W, TQ>;
+    if (depth >= N::L) {
+      typename N::V acc = {};
+      for (; d + N::L <= depth; d += N::L) acc += N::widen(N::load(q + d)) * N::widen(N::load(k + d));
+      s = hsum<W>(acc);
+    }
+  }
+#endif
+  for (; d < depth; ++d) s += W(q[d]) * W(k[d]);
   return s;
 }
 

@@ -11,44 +11,35 @@
 //
 // Segment of two neighbouring knots with scores x (left), y (right) (already
 // shifted by the row's reference m, so Ex = e^{x-m}, Ey = e^{y-m} are the knot
-// exponentials).
-// Forward weights (MATH.md §5, "The forward stencil in d"), from d = y - x
-// signed, with no compare of the knots: wy = Ey h(d), wx = Ex h(-d),
-// h(d) = (d - 1 + e^{-d})/d², for |d| ≤ 2 (float, double: the interpolant at
-// 11 / 18 Chebyshev nodes, relative error 1.0e-9 / 2.7e-18, evaluated at d and
-// -d at once from its even and odd parts); beyond, the segment's mass
-// D = (Ey - Ex)/d gives wy = (Ey - D)/d, wx = (D - Ex)/d.
-// Backward terms, with b = |x - y|, eM = max(Ex, Ey) = e^{max-m},
-// eMin = min(Ex, Ey) = e^{max-m} e^{-b}:
-//   near weight  eM ν(-b)   (the knot with the larger score)
-//   far weight   eM μ1(-b)
-//   near ∂/∂self eM ν2(-b),  far ∂/∂self eM μ2(-b),  coupling eM κ(-b).
+// exponentials), d = y - x signed: every term comes from d with no compare of
+// the knots (MATH.md §5, "The forward stencil in d"; §6, "The backward stencil
+// in d"), through three functions of d,
+//   h(d) = ∫₀¹ t e^{-d(1-t)} dt,  q(d) = ∫₀¹ t² e^{-d(1-t)} dt,  k(d) = ∫₀¹ t(1-t) e^{dt} dt:
+//   weights       wy = Ey h(d),   wx = Ex h(-d)
+//   derivatives   dwy = ∂wy/∂y = Ey q(d),  dwx = ∂wx/∂x = Ex q(-d)
+//   coupling      c = ∂wx/∂y = ∂wy/∂x = Ex k(d);  wy = dwy + c, wx = dwx + c.
 // Evaluation, per lane:
-//  * b ≤ 2: eM · P(b - 1), P a degree-8 (float) / degree-14 (double) polynomial,
-//    the Chebyshev interpolant of the function on b ∈ [0, 2] (coefficients from
-//    mpmath.chebyfit at 60 digits; max relative error 1e-8 (float) / 4e-18
-//    (double) of the function's minimum on the interval, printed beside each
-//    array). Centred at b = 1 the terms alternate but their absolute sum stays
-//    below 2× the value, so Horner adds at most ~2 ulp.
-//  * b > 2: the closed forms of MATH.md §5 written with eMin = eM e^{-b} (no second
-//    exponential) and r = 1/b (no b², b³, so no overflow):
-//      eM ν   = (eM (b-1) r + eMin r) r          (as the forward's, in b)
-//      eM μ1  = (eM - (1+b) eMin) r r            (1+b)e^{-b} ≤ 0.41: no cancellation
-//      eM κ   = ((b-2) r eM + (b+2) r eMin) r r  (both terms ≥ 0)
-//      eM ν2  = eM ((b-1) r)² r + (eM - 2 eMin) r r r
-//      eM μ2  = (2 eM μ1 - eMin) r               (loses ≤ ~1 ulp at b = 2)
-// Accuracy against the scalar primitives (math/curve.hpp) is measured by
+//  * |d| ≤ 2: h, q, k as polynomials in d, the interpolants at Chebyshev nodes
+//    of [-2, 2] (scripts/gen_moments_bf16.py; degree 10 for float, 17 for
+//    double; relative error ≤ 3.7e-9 / 1.0e-17, printed beside each array);
+//    h(±d) and q(±d) at once from their even and odd parts in d².
+//  * |d| > 2: closed forms from r = 1/d and the segment's mass
+//    D = (Ey - Ex) r (no d², d³, so no overflow; integration by parts):
+//      wy = (Ey - D) r,   wx = (D - Ex) r
+//      dwy = (Ey - 2 wy) r,   dwx = (2 wx - Ex) r
+//      c = ((d - 2) Ey + (d + 2) Ex) r³   (both terms of one sign for |d| > 2)
+// Accuracy against the scalar primitives (math/moments.hpp) is measured by
 // tests/unit/test_vector_moments.cpp (few ulp; see the bounds there).
 //
 // StencilAccuracy::bf16 (bfloat16 storage computed in float, MATH.md §10,
 // "The bfloat16 stencil"): every term to a relative error of 2^-14 instead of
-// a few float ulp. The closed forms lose about 12 ulp / d² (forward weights)
-// and ~70 ulp / b³ (κ, ν2, μ2) to cancellation, which is below 2^-14 for
-// |d| ≥ 1/4 (forward) and b ≥ 1/2 (backward terms), so the series regime
-// shrinks to |d| ≤ 1/4: h of degree 3 (relative error 1.4e-6), and b ≤ 1/2:
-// degree 3 in b - 1/4 (ν2, μ2, κ; 5.7e-7, 1.0e-5, 3.2e-6). The series is short, so every vector evaluates both regimes and
-// blends them without a branch (kBothRegimes); exp is the same (the closed
-// forms amplify its error by the same 1/b², 1/b³).
+// a few float ulp. The closed forms lose about 12 ulp / d² (weights) and ~70
+// ulp / |d|³ (derivatives, coupling) to cancellation, which is below 2^-14 for
+// |d| ≥ 1/4 (forward) and |d| ≥ 1/2 (backward), so the series regime shrinks
+// to |d| ≤ 1/4: h of degree 3 (relative error 1.4e-6), and |d| ≤ 1/2: q, k of
+// degree 4 (3.1e-7, 2.1e-6). The series is short, so every vector evaluates
+// both regimes and blends them without a branch (kBothRegimes); exp is the
+// same (the closed forms amplify its error by the same 1/d², 1/|d|³).
 //
 // exp_clamped(x): e^x for x ≤ 88.7 (float) / 709 (double); returns exactly 0
 // below the normal range (x < -87.34 / -708.40) instead of a subnormal, so the
@@ -100,23 +91,17 @@ struct VectorMath<float> {
     const float scale = __builtin_bit_cast(float, std::uint32_t(e + 127) << 23);
     return under ? 0.0f : y * scale;
   }
-  // The forward weights' h(d) = (d - 1 + e^{-d})/d² on d ∈ [-2, 2], c0 + c1 d + …:
-  // the interpolant at 11 Chebyshev nodes (scripts/gen_moments_bf16.py); max
-  // relative error 1.0e-9.
+  // The segment functions h, q, k (see the file comment) on d ∈ [-2, 2],
+  // c0 + c1 d + …: interpolants at 11 Chebyshev nodes (scripts/gen_moments_bf16.py);
+  // max relative error h 1.0e-9, q 2.0e-10, k 3.7e-9.
   static constexpr float h[11] = {0.5f, -0.166666668528113749749f, 0.0416666667987623420418f, -0.00833332403485704292592f, 0.00138888822895550625037f, -0.000198425684778592454193f, 0.0000248025092481123512712f, -0.00000274834728834666171429f, 2.75048615659602845545e-7f, -2.68787420670337264047e-8f, 2.21760375433514206591e-9f};
-  // The backward terms: Chebyshev interpolants on b ∈ [0, 2] in t = b - 1, c0 + c1 t + … (mpmath).
-  // nu2: 8.3e-12; mu2: 4.0e-10; kappa: 3.9e-11 (max abs error).
-  static constexpr float nu2[9] = {0.264241117657115356809f, -0.0569644705591759140081f, 0.0102906177373653966141f, -0.00159307953247720473726f, 0.000215233199883218764829f, -0.0000257539656556881141966f, 0.00000276349058774268439519f, -0.000000273006195044258394490f, 0.0000000241765545048020617732f};
-  static constexpr float mu2[9] = {0.160602794142788392022f, -0.113928937984686037759f, 0.0439181616286408447688f, -0.0118837399563572908651f, 0.00249723846981629780758f, -0.000430309527505770238402f, 0.0000629969961317264382699f, -0.00000823085461412251570996f, 0.000000923372913862732882544f};
-  static constexpr float kappa[9] = {0.103638323514326964787f, -0.0466738525648153102376f, 0.0130463086735398620829f, -0.00275569523634685326414f, 0.000473689966413774221387f, -0.0000689652524902137843802f, 0.00000873174694623003050550f, -0.000000999434625122856925356f, 0.000000100238265764926104585f};
-  // StencilAccuracy::bf16 (scripts/gen_moments_bf16.py): h on d ∈ [-1/4, 1/4]
-  // in d (4 Chebyshev nodes; max relative error 1.4e-6), and interpolants on
-  // b ∈ [0, 1/2] in t = b - 1/4 (ν2, μ2, κ), from mpmath.chebyfit at 60 digits;
-  // max relative error on the interval: nu2 5.7e-7; mu2 1.0e-5; kappa 3.2e-6.
+  static constexpr float q[11] = {0.333333333333333333333f, -0.0833333335975246840835f, 0.0166666666841849166793f, -0.00277777645791101250074f, 0.000396825309298021749994f, -0.0000496050184962247025424f, 0.00000551158615335798536703f, -5.5009723131920569109e-7f, 5.00345899679019681961e-8f, -4.43520750867028413182e-9f, 3.3844492419686223757e-10f};
+  static constexpr float k[11] = {0.166666666666666666667f, 0.0833333349305890656659f, 0.0250000001145774253625f, 0.00555554757694603042518f, 0.000992062919657484500375f, 0.000148820666282367751651f, 0.0000192909230947543659042f, 0.0000021982500570274560232f, 2.25014025691700877349e-7f, 2.24435345583634422729e-8f, 1.87915883013827982834e-9f};
+  // StencilAccuracy::bf16: h on d ∈ [-1/4, 1/4] (degree 3, 1.4e-6); q, k on
+  // d ∈ [-1/2, 1/2] (degree 4, 3.1e-7 and 2.1e-6).
   static constexpr float h_bf16[4] = {0.499999321074252745032f, -0.16666656970132618103f, 0.0417535570437519413359f, -0.00834574355057846936544f};
-  static constexpr float nu2_bf16[4] = {0.313499600849580774124f, -0.0754969486519073902147f, 0.0147459514237650038541f, -0.00241293239348970929749f};
-  static constexpr float mu2_bf16[4] = {0.276669236239785122527f, -0.204855375303457746735f, 0.0815441655103563333131f, -0.0224830088127026837427f};
-  static constexpr float kappa_bf16[4] = {0.147312359949398999787f, -0.0718157331913945730703f, 0.021234683111514619187f, -0.00465842676920657896736f};
+  static constexpr float q_bf16[5] = {0.333333333333333333333f, -0.0833323611510195027648f, 0.0166665587145859474785f, -0.00279332190470188236103f, 0.000398551649556251788858f};
+  static constexpr float k_bf16[5] = {0.166666666666666666667f, 0.0833304134096944661305f, 0.0249996218609238039039f, 0.00560223114783425572022f, 0.000998109302794689391657f};
 };
 
 template <>
@@ -151,13 +136,11 @@ struct VectorMath<double> {
     const double scale = __builtin_bit_cast(double, std::uint64_t(e + 1023) << 52);
     return under ? 0.0 : y * scale;
   }
-  // h on d ∈ [-2, 2] (18 Chebyshev nodes; max relative error 2.7e-18).
+  // h, q, k on d ∈ [-2, 2] (18 Chebyshev nodes; max relative error 2.7e-18,
+  // 3.4e-19, 1.0e-17).
   static constexpr double h[18] = {0.500000000000000000855, -0.166666666666666666707, 0.0416666666666666320528, -0.00833333333333333169061, 0.00138888888888911958582, -0.0001984126984127093615, 0.0000248015873009954845985, -0.00000275573192237050037382, 2.75573193000131386638e-7, -2.50521084215282079288e-8, 2.08767515041734781549e-9, -1.60590412336816335124e-10, 1.14709777532190910817e-11, -7.64727395719519743283e-13, 4.77375802149607340684e-14, -2.80874092527476759172e-15, 1.63761263255169470069e-16, -8.58035784979426207328e-18};
-  // The backward terms, on b ∈ [0, 2] in t = b - 1.
-  // nu2: 8.8e-21; mu2: 1.1e-18; kappa: 6.7e-20 (max abs error).
-  static constexpr double nu2[15] = {0.264241117657115356809, -0.0569644706284614273606, 0.0102906177425958896916, -0.00159307860903796563134, 0.000215233130167475345801, -0.0000257572864604172049400, 0.00000276374132930701885712, -0.000000268589547285742779367, 0.0000000238429616717358674333, -0.00000000194733310587624475106, 0.000000000147236138894376356698, -0.0000000000103604160356231248920, 0.000000000000681761250952841766204, -0.0000000000000426352935001486596378, 0.00000000000000247943311512481566688};
-  static constexpr double mu2[15] = {0.160602794142788392022, -0.113928941256922869761, 0.0439181619281245490471, -0.0118836963516332892376, 0.00249723447864065957448, -0.000430466260341113826883, 0.0000630113454866284399083, -0.00000802263441105325282169, 0.000000904298972082174277068, -0.0000000914772533557253128160, 0.00000000839491029825846838226, -0.000000000705003297098003460436, 0.0000000000545946670976877444367, -0.00000000000398461917660559318199, 0.000000000000266457558354794632369};
-  static constexpr double kappa[15] = {0.103638323514326964787, -0.0466738528858655384985, 0.0130463087003368791430, -0.00275569095774095402564, 0.000473689609267769796969, -0.0000689806353935694952355, 0.00000873303123624807418434, -0.000000978986341545705998168, 0.0000000985303311352675885333, -0.00000000900048650396064986604, 0.000000000752812344596557840484, -0.0000000000580704719881172024671, 0.00000000000415756614138229979668, -0.000000000000281576622317056923020, 0.0000000000000175984970773871063186};
+  static constexpr double q[18] = {0.333333333333333333414, -0.083333333333333333337, 0.0166666666666666633812, -0.00277777777777777762888, 0.000396825396825418723, -0.0000496031746031755956034, 0.00000551146384474100074764, -5.51146384477171679373e-7, 5.01042168430564158577e-8, -4.17535140084493011666e-9, 3.21180824673632670247e-10, -2.29414888354296124766e-11, 1.52945479143903948657e-12, -9.55905461188535335347e-14, 5.61748185054953518343e-15, -3.12137767986063553746e-16, 1.71607156995885241466e-17, -8.54708806904188132926e-19};
+  static constexpr double k[18] = {0.16666666666666666744, 0.0833333333333333333702, 0.0249999999999999686716, 0.00555555555555555406173, 0.000992063492063700862818, 0.000148809523809533765897, 0.0000192901234562544838509, 0.00000220458553789332869445, 2.2546897615707497078e-7, 2.08767570206832778122e-8, 1.76649432574371514524e-9, 1.37648923501386722647e-10, 9.9415229617800515951e-12, 6.69136849600666209748e-13, 4.21200983644111988849e-14, 2.49660315728870403797e-15, 1.46600547555580945923e-16, 7.72564904289007394036e-18};
 };
 
 /// long double: the widened compute type of the rows double cannot hold
@@ -171,9 +154,8 @@ struct VectorMath<long double> {
     return x < -11355.0L ? 0.0L : std::exp(x);  // LDBL_MIN = e^{-11355.1}
   }
   static constexpr const double (&h)[18] = VectorMath<double>::h;
-  static constexpr const double (&nu2)[15] = VectorMath<double>::nu2;
-  static constexpr const double (&mu2)[15] = VectorMath<double>::mu2;
-  static constexpr const double (&kappa)[15] = VectorMath<double>::kappa;
+  static constexpr const double (&q)[18] = VectorMath<double>::q;
+  static constexpr const double (&k)[18] = VectorMath<double>::k;
 };
 
 /// The accuracy the segment terms are evaluated to: `full`, a few ulp of the
@@ -183,26 +165,24 @@ struct VectorMath<long double> {
 /// `full`.
 enum class StencilAccuracy { full, bf16 };
 
-/// Where the series regime ends (|d| ≤ fwd_edge, b ≤ bwd_edge) and the
-/// coefficients: h for the forward weights, in d; the backward terms (ν2, μ2,
-/// κ) in b - bwd_centre.
+/// Where the series regime ends (|d| ≤ fwd_edge for the forward weights,
+/// |d| ≤ bwd_edge for the backward terms) and the coefficients of h (forward)
+/// and of q and k (backward), in d.
 template <class T, StencilAccuracy A>
 struct Series {
   using M = VectorMath<T>;
-  static constexpr T fwd_edge = T(2), bwd_edge = T(2), bwd_centre = T(1);
+  static constexpr T fwd_edge = T(2), bwd_edge = T(2);
   static constexpr const auto& h = M::h;
-  static constexpr const auto& nu2 = M::nu2;
-  static constexpr const auto& mu2 = M::mu2;
-  static constexpr const auto& kappa = M::kappa;
+  static constexpr const auto& q = M::q;
+  static constexpr const auto& k = M::k;
 };
 template <>
 struct Series<float, StencilAccuracy::bf16> {
   using M = VectorMath<float>;
-  static constexpr float fwd_edge = 0.25f, bwd_edge = 0.5f, bwd_centre = 0.25f;
+  static constexpr float fwd_edge = 0.25f, bwd_edge = 0.5f;
   static constexpr const auto& h = M::h_bf16;
-  static constexpr const auto& nu2 = M::nu2_bf16;
-  static constexpr const auto& mu2 = M::mu2_bf16;
-  static constexpr const auto& kappa = M::kappa_bf16;
+  static constexpr const auto& q = M::q_bf16;
+  static constexpr const auto& k = M::k_bf16;
 };
 
 /// Horner evaluation of c[0] + c[1] t + … + c[N-1] t^{N-1}, in T.
@@ -253,35 +233,32 @@ inline void segment_weights(T d, T Ex, T Ey, T& wx, T& wy) {
   wx = series ? Ex * hm : (mass - Ex) * r;
 }
 
-/// Forward and backward terms of one segment: the two weights (near, far),
-/// the derivatives of each weight with respect to its own knot's score
-/// (dnear = eM ν2, dfar = eM μ2), and the coupling eM κ (the derivative of
-/// either weight with respect to the other knot's score).
+/// Forward and backward terms of one segment (MATH.md §6, "The backward
+/// stencil in d"), d = y - x, Ex, Ey as for segment_weights: the weights wx,
+/// wy (as segment_weights, here through the backward's edge), each weight's
+/// derivative by its own knot's score, dwx = ∫₀¹ (1-t)² e^{x+dt} dt and
+/// dwy = ∫₀¹ t² e^{x+dt} dt, and the coupling c = ∫₀¹ t(1-t) e^{x+dt} dt
+/// (the derivative of either weight by the other knot's score).
+/// |d| ≤ edge: dwy = Ey q(d), dwx = Ex q(-d), c = Ex k(d), wy = dwy + c,
+/// wx = dwx + c; else (r = 1/d, the mass D = (Ey - Ex) r): wy = (Ey - D) r,
+/// wx = (D - Ex) r, dwy = (Ey - 2 wy) r, dwx = (2 wx - Ex) r,
+/// c = ((d - 2) Ey + (d + 2) Ex) r³.
 template <class T, StencilAccuracy A = StencilAccuracy::full>
-inline void segment_terms(T b, T Ex, T Ey, T& near, T& far, T& dnear, T& dfar, T& coupling) {
+inline void segment_terms(T d, T Ex, T Ey, T& wx, T& wy, T& dwx, T& dwy, T& c) {
   using R = Series<T, A>;
-  const T eM = Ex > Ey ? Ex : Ey;
-  const T eMin = Ex > Ey ? Ey : Ex;
-  const T t = b - T(1);
-  const T tp = b - R::bwd_centre;
-  const T pk = eM * horner(R::kappa, tp);
-  const T pn2 = eM * horner(R::nu2, tp);
-  const T pm2 = eM * horner(R::mu2, tp);
-  const T r = T(1) / (b > R::bwd_edge ? b : R::bwd_edge);
-  const T cn = (eM * (t * r) + eMin * r) * r;
-  const T cf = ((eM - (T(1) + b) * eMin) * r) * r;
-  const T ck = (((b - T(2)) * r) * eM + ((b + T(2)) * r) * eMin) * r * r;
-  const T u = t * r;
-  const T cn2 = eM * (u * u) * r + (((eM - T(2) * eMin) * r) * r) * r;
-  const T cm2 = (T(2) * cf - eMin) * r;
-  const bool series = b <= R::bwd_edge;
-  near = series ? pn2 + pk : cn;
-  far = series ? pm2 + pk : cf;
-  dnear = series ? pn2 : cn2;
-  dfar = series ? pm2 : cm2;
-  coupling = series ? pk : ck;
+  T qp, qm;
+  horner_pm(R::q, d, qp, qm);
+  const T sdy = Ey * qp, sdx = Ex * qm, sc = Ex * horner(R::k, d);
+  const T r = T(1) / d;  // used only where |d| > edge
+  const T mass = (Ey - Ex) * r;
+  const T cy = (Ey - mass) * r, cx = (mass - Ex) * r;
+  const bool series = (d < T(0) ? -d : d) <= R::bwd_edge;
+  wy = series ? sdy + sc : cy;
+  wx = series ? sdx + sc : cx;
+  dwy = series ? sdy : (Ey - T(2) * cy) * r;
+  dwx = series ? sdx : (T(2) * cx - Ex) * r;
+  c = series ? sc : (((d - T(2)) * Ey + (d + T(2)) * Ex) * r) * r * r;
 }
-
 
 #if defined(CONTINUUM_CPU_SIMD)
 // ---------------------------------------------------------------------------
@@ -477,49 +454,48 @@ struct VectorOps {
     wx = series ? sx : cx;
   }
 
-  /// Forward and backward segment terms, as segment_terms() above.
+  /// Forward and backward segment terms, as segment_terms() above (lanes
+  /// as in segment_weights).
   template <StencilAccuracy A = StencilAccuracy::full>
-  static void segment_terms(V b, V Ex, V Ey, V& near, V& far, V& dnear, V& dfar, V& coupling) {
+  static void segment_terms(V d, V Ex, V Ey, V& wx, V& wy, V& dwx, V& dwy, V& c) {
     using R = Series<T, A>;
-    const V eM = vmax(Ex, Ey), eMin = vmin(Ex, Ey);
-    const V t = b - T(1);
+    const V b = vabs(d);
     const int regime = kBothRegimes<A> ? 1 : series_lanes(b, R::bwd_edge);
-    V pk{}, pn2{}, pm2{};
+    V sdy{}, sdx{}, sc{};
     if (regime != 0) {
-      const V tp = b - R::bwd_centre;
-      pk = eM * horner(R::kappa, tp);
-      pn2 = eM * horner(R::nu2, tp);
-      pm2 = eM * horner(R::mu2, tp);
+      V qp, qm;
+      horner_pm(R::q, d, qp, qm);
+      sdy = Ey * qp;
+      sdx = Ex * qm;
+      sc = Ex * horner(R::k, d);
       if (regime == 2) {
-        near = pn2 + pk;
-        far = pm2 + pk;
-        dnear = pn2;
-        dfar = pm2;
-        coupling = pk;
+        wy = sdy + sc;
+        wx = sdx + sc;
+        dwy = sdy;
+        dwx = sdx;
+        c = sc;
         return;
       }
     }
-    const V r = reciprocal(vmax(b, splat(R::bwd_edge)));
-    const V cn = (eM * (t * r) + eMin * r) * r;
-    const V cf = ((eM - (T(1) + b) * eMin) * r) * r;
-    const V ck = (((b - T(2)) * r) * eM + ((b + T(2)) * r) * eMin) * r * r;
-    const V u = t * r;
-    const V cn2 = eM * (u * u) * r + (((eM - T(2) * eMin) * r) * r) * r;
-    const V cm2 = (T(2) * cf - eMin) * r;
+    const V r = reciprocal(d);
+    const V mass = (Ey - Ex) * r;
+    const V cy = (Ey - mass) * r, cx = (mass - Ex) * r;
+    const V cdy = (Ey - T(2) * cy) * r, cdx = (T(2) * cx - Ex) * r;
+    const V cc = (((d - T(2)) * Ey + (d + T(2)) * Ex) * r) * r * r;
     if (regime == 0) {
-      near = cn;
-      far = cf;
-      dnear = cn2;
-      dfar = cm2;
-      coupling = ck;
+      wy = cy;
+      wx = cx;
+      dwy = cdy;
+      dwx = cdx;
+      c = cc;
       return;
     }
     const VI series = b <= R::bwd_edge;
-    near = series ? pn2 + pk : cn;
-    far = series ? pm2 + pk : cf;
-    dnear = series ? pn2 : cn2;
-    dfar = series ? pm2 : cm2;
-    coupling = series ? pk : ck;
+    wy = series ? sdy + sc : cy;
+    wx = series ? sdx + sc : cx;
+    dwy = series ? sdy : cdy;
+    dwx = series ? sdx : cdx;
+    c = series ? sc : cc;
   }
 };
 #endif  // CONTINUUM_CPU_SIMD
