@@ -1,13 +1,16 @@
-// backends/cpu/spare_pool.hpp — blocks of memory a thread keeps from one call
-// for its next: the copies of a widened call (widen.hpp) and the tiled
-// kernels' large tiles (tiled.hpp) come from here, so that a call does not
-// fault its pages in afresh (docs/PERFORMANCE.md, "The 16-bit calls' copies"
-// and "Tiles from the spare pool").
+// backends/cpu/spare_pool.hpp — the kernels' working memory: blocks a thread
+// keeps from one call for its next (SparePool, Buffer), so that a call does
+// not fault its pages in afresh — the copies of a widened call (widen.hpp) and
+// the tiled kernels' large tiles (tiled.hpp) — and vectors on 64-byte lines
+// (LineVector) for the bfloat16 unit's operands (docs/PERFORMANCE.md, "The
+// 16-bit calls' copies" and "Tiles from the spare pool, on cache lines").
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <new>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -27,12 +30,22 @@ namespace cpu_detail {
 /// and a block larger than kSpareBytes goes back to the system, where its
 /// faults cost little beside the O(n²d) work of the call that needed it. Each
 /// thread has its own pool (thread_local), freed when the thread ends.
+/// Every block starts on a 64-byte line (kAlign), so that rows of whole lines
+/// in it (the bfloat16 weights W̃ that the AMX tile loads read) never split
+/// one (docs/PERFORMANCE.md, "Tiles from the spare pool, on cache lines").
 template <class W>
 class SparePool {
+  static_assert(std::is_trivially_default_constructible<W>::value && std::is_trivially_destructible<W>::value,
+                "blocks are raw storage");
+
  public:
   static constexpr std::size_t kSpareBytes = std::size_t(64) << 20;
+  static constexpr std::size_t kAlign = 64;
+  struct Free {
+    void operator()(W* p) const noexcept { ::operator delete[](p, std::align_val_t(kAlign)); }
+  };
   struct Block {
-    std::unique_ptr<W[]> p;
+    std::unique_ptr<W[], Free> p;
     std::size_t n = 0;
   };
   static SparePool& local() {
@@ -44,7 +57,9 @@ class SparePool {
     std::size_t best = blocks_.size();
     for (std::size_t i = 0; i < blocks_.size(); ++i)
       if (blocks_[i].n >= n && (best == blocks_.size() || blocks_[i].n < blocks_[best].n)) best = i;
-    if (best == blocks_.size()) return Block{std::unique_ptr<W[]>(new W[n]), n};
+    if (best == blocks_.size())  // W is trivial (float, double, long double, uint16_t): no constructors run
+      return Block{std::unique_ptr<W[], Free>(static_cast<W*>(::operator new[](n * sizeof(W), std::align_val_t(kAlign)))),
+                   n};
     Block b = std::move(blocks_[best]);
     blocks_.erase(blocks_.begin() + std::ptrdiff_t(best));
     bytes_ -= b.n * sizeof(W);
@@ -106,6 +121,26 @@ class Buffer {
  private:
   typename SparePool<W>::Block b_;
 };
+
+/// An allocator of storage on 64-byte lines (not pooled), for the tile
+/// operands that grow per task (LineVector): rows of whole lines in them never
+/// split one.
+template <class T>
+struct LineAllocator {
+  using value_type = T;
+  static constexpr std::align_val_t kAlign{64};
+  LineAllocator() = default;
+  template <class U>
+  LineAllocator(const LineAllocator<U>&) noexcept {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlign)); }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, kAlign); }
+  template <class U>
+  bool operator==(const LineAllocator<U>&) const noexcept { return true; }
+  template <class U>
+  bool operator!=(const LineAllocator<U>&) const noexcept { return false; }
+};
+template <class T>
+using LineVector = std::vector<T, LineAllocator<T>>;
 
 }  // namespace cpu_detail
 }  // namespace CONTINUUM_CPU_ISA_NAMESPACE

@@ -1255,8 +1255,9 @@ struct ForwardWorkspace {
   // The stencil's accuracy: bf16 for bfloat16 storage computed in float.
   StencilAccuracy accuracy = StencilAccuracy::full;
   index_t Dp = 0, Dvp = 0;
-  std::vector<std::uint16_t> qb, kp, vp;
-  Buffer<std::uint16_t> wb;  // nr × kBc (spare_pool.hpp)
+  // The unit's operands, on 64-byte lines (spare_pool.hpp): Q's bits (nr × Dp),
+  // the packed K and V tiles (kBc × Dp, kBc × Dvp), W̃ (nr × kBc).
+  Buffer<std::uint16_t> qb, kp, vp, wb;
   std::vector<T> c, halo, vhalo;
   const T* vh = nullptr;  // the value row of the tile's halo key, in T
   std::vector<char> seen;
@@ -1279,10 +1280,9 @@ struct ForwardWorkspace {
     if (on_unit()) {
       Dp = round_up(D, bf16::kStep);
       Dvp = round_up(Dv, bf16::kCols);
-      qb.assign(std::size_t(nr * Dp), 0);
-      kp.resize(std::size_t(kBc * Dp));
-      vp.resize(std::size_t(kBc * Dvp));
-      std::fill_n(wb.allocate(std::size_t(nr * kBc)), nr * kBc, std::uint16_t(0));
+      for (auto [buf, n] : {std::pair<Buffer<std::uint16_t>*, index_t>{&qb, nr * Dp}, {&kp, kBc * Dp},
+                            {&vp, kBc * Dvp}, {&wb, nr * kBc}})
+        std::fill_n(buf->allocate(std::size_t(n)), n, std::uint16_t(0));
       c.resize(std::size_t(nr));
       halo.resize(std::size_t(nr * bf16::kCols));
       seen.resize(std::size_t(kBc));
@@ -2048,7 +2048,7 @@ struct BackwardWorkspace {
   // The stencil's accuracy: bf16 for bfloat16 storage computed in float.
   StencilAccuracy accuracy = StencilAccuracy::full;
   index_t Dp = 0, Dvq = 0;
-  std::vector<std::uint16_t> qb, gb, kp, vkp;
+  LineVector<std::uint16_t> qb, gb, kp, vkp;  // on 64-byte lines (spare_pool.hpp), as the others here
   std::vector<char> all_keys;
   // The accumulation products on the unit (accumulate_backward_bf16): D and
   // Dv padded to whole 16-column blocks (dk, dv then have Dc, Dvc columns),
@@ -2057,9 +2057,9 @@ struct BackwardWorkspace {
   // blocks, k of the key tile), a dQ scratch block, and which rows and keys
   // take part (the others' data packed as zeros, never loaded).
   index_t Dc = 0, Dvc = 0;
-  std::vector<std::uint16_t> at, bdo, bq, bk;
-  std::vector<std::uint32_t> words;
-  std::vector<T> dqs;
+  LineVector<std::uint16_t> at, bdo, bq, bk;
+  LineVector<std::uint32_t> words;
+  LineVector<T> dqs;
   std::vector<char> rseen, kseen;
   std::vector<int> cover;
   // The terms of A-side elements that are bf16::flushed (converted to 0, as
