@@ -432,7 +432,7 @@ TEMPLATE_TEST_CASE("16-bit storage: a thread's reused conversion blocks change n
                    "[operator][bfloat16][float16]", bfloat16, float16) {
   using S = TestType;
   // A 16-bit call's float copies come from its thread's spare blocks
-  // (cpu/widen.hpp, SparePool), left as the previous call wrote them. Call A
+  // (cpu/spare_pool.hpp, SparePool), left as the previous call wrote them. Call A
   // (every input NaN, a larger shape) leaves NaN in every block; call B
   // (another shape and layout, 2 threads) then reuses them, and must give the
   // bits B gives on a thread that has run nothing before. With
