@@ -226,9 +226,9 @@ inline void segment_weights(T d, T Ex, T Ey, T& wx, T& wy) {
   using R = Series<T, A>;
   T hp, hm;
   horner_pm(R::h, d, hp, hm);
-  const T r = T(1) / d;  // used only where |d| > edge
-  const T mass = (Ey - Ex) * r;
   const bool series = (d < T(0) ? -d : d) <= R::fwd_edge;
+  const T r = T(1) / (series ? R::fwd_edge : d);  // the closed form's lanes only: no 1/0
+  const T mass = (Ey - Ex) * r;
   wy = series ? Ey * hp : (Ey - mass) * r;
   wx = series ? Ex * hm : (mass - Ex) * r;
 }
@@ -249,10 +249,10 @@ inline void segment_terms(T d, T Ex, T Ey, T& wx, T& wy, T& dwx, T& dwy, T& c) {
   T qp, qm;
   horner_pm(R::q, d, qp, qm);
   const T sdy = Ey * qp, sdx = Ex * qm, sc = Ex * horner(R::k, d);
-  const T r = T(1) / d;  // used only where |d| > edge
+  const bool series = (d < T(0) ? -d : d) <= R::bwd_edge;
+  const T r = T(1) / (series ? R::bwd_edge : d);  // the closed form's lanes only: no 1/0
   const T mass = (Ey - Ex) * r;
   const T cy = (Ey - mass) * r, cx = (mass - Ex) * r;
-  const bool series = (d < T(0) ? -d : d) <= R::bwd_edge;
   wy = series ? sdy + sc : cy;
   wx = series ? sdx + sc : cx;
   dwy = series ? sdy : (Ey - T(2) * cy) * r;
@@ -329,8 +329,7 @@ struct VectorOps {
     }
   }
 
-  /// 1/x for |x| ≥ 1/4 (finite or ±∞; lanes nearer 0, which no caller
-  /// selects, may give ±∞ or NaN). AVX-512: 14-bit estimate refined by Newton
+  /// 1/x for |x| ≥ 1/4 (finite or ±∞). AVX-512: 14-bit estimate refined by Newton
   /// steps (one for float, two for double: error ≤ 2^-28 / 2^-56 before the
   /// final rounding); elsewhere a division.
   static V reciprocal(V x) {
@@ -421,9 +420,7 @@ struct VectorOps {
     minus = e - od;
   }
 
-  /// Forward segment weights, as segment_weights() above (d = y - x signed;
-  /// the closed form's lanes with |d| ≤ edge, d = 0 among them, may hold
-  /// inf or NaN and are not selected).
+  /// Forward segment weights, as segment_weights() above (d = y - x signed).
   template <StencilAccuracy A = StencilAccuracy::full>
   static void segment_weights(V d, V Ex, V Ey, V& wx, V& wy) {
     using R = Series<T, A>;
@@ -441,7 +438,10 @@ struct VectorOps {
         return;
       }
     }
-    const V r = reciprocal(d);
+    // The series lanes divide by the edge instead (their closed forms are
+    // not selected): no 1/0, 0·∞ or NaN is formed.
+    const VI series = b <= R::fwd_edge;
+    const V r = reciprocal(regime == 0 ? d : series ? splat(R::fwd_edge) : d);
     const V mass = (Ey - Ex) * r;
     const V cy = (Ey - mass) * r, cx = (mass - Ex) * r;
     if (regime == 0) {
@@ -449,7 +449,6 @@ struct VectorOps {
       wx = cx;
       return;
     }
-    const VI series = b <= R::fwd_edge;
     wy = series ? sy : cy;
     wx = series ? sx : cx;
   }
@@ -477,7 +476,8 @@ struct VectorOps {
         return;
       }
     }
-    const V r = reciprocal(d);
+    const VI series = b <= R::bwd_edge;  // as in segment_weights: no 1/0
+    const V r = reciprocal(regime == 0 ? d : series ? splat(R::bwd_edge) : d);
     const V mass = (Ey - Ex) * r;
     const V cy = (Ey - mass) * r, cx = (mass - Ex) * r;
     const V cdy = (Ey - T(2) * cy) * r, cdx = (T(2) * cx - Ex) * r;
@@ -490,7 +490,6 @@ struct VectorOps {
       c = cc;
       return;
     }
-    const VI series = b <= R::bwd_edge;
     wy = series ? sdy + sc : cy;
     wx = series ? sdx + sc : cx;
     dwy = series ? sdy : cdy;
