@@ -3,7 +3,8 @@
 // not fault its pages in afresh — the copies of a widened call (widen.hpp) and
 // the tiled kernels' large tiles (tiled.hpp) — and vectors on 64-byte lines
 // (LineVector) for the bfloat16 unit's operands (docs/PERFORMANCE.md, "The
-// 16-bit calls' copies" and "Tiles from the spare pool, on cache lines").
+// 16-bit calls' copies" and "The stencil in d, and the unit's operands on cache
+// lines").
 #pragma once
 
 #include <algorithm>
@@ -32,7 +33,8 @@ namespace cpu_detail {
 /// thread has its own pool (thread_local), freed when the thread ends.
 /// Every block starts on a 64-byte line (kAlign), so that rows of whole lines
 /// in it (the bfloat16 weights W̃ that the AMX tile loads read) never split
-/// one (docs/PERFORMANCE.md, "Tiles from the spare pool, on cache lines").
+/// one (docs/PERFORMANCE.md, "The stencil in d, and the unit's operands on cache
+/// lines").
 template <class W>
 class SparePool {
   static_assert(std::is_trivially_default_constructible<W>::value && std::is_trivially_destructible<W>::value,
