@@ -1186,8 +1186,9 @@ struct RowStatistics {
 
 /// A forward score or weight tile: rows × (kBc + 1 + pad) elements of T,
 /// column 0 the halo key, column 1 the tile's first key; zeros where `zero`,
-/// else uninitialised (as this thread's last call left its spare block). Column 1 of every row sits on a 64-byte boundary and
-/// the row stride is a whole number of 64-byte lines, so that the products'
+/// else uninitialised (as this thread's last call left its spare block).
+/// Column 1 of every row sits on a 64-byte boundary and the row stride is a
+/// whole number of 64-byte lines, so that the products'
 /// row stores (a 16-key block: one line in float) and the row passes' vector
 /// loads and stores never split a cache line (docs/PERFORMANCE.md, "Score
 /// tiles on cache lines").
@@ -1280,9 +1281,13 @@ struct ForwardWorkspace {
     if (on_unit()) {
       Dp = round_up(D, bf16::kStep);
       Dvp = round_up(Dv, bf16::kCols);
-      for (auto [buf, n] : {std::pair<Buffer<std::uint16_t>*, index_t>{&qb, nr * Dp}, {&kp, kBc * Dp},
-                            {&vp, kBc * Dvp}, {&wb, nr * kBc}})
-        std::fill_n(buf->allocate(std::size_t(n)), n, std::uint16_t(0));
+      const auto zeroed = [](Buffer<std::uint16_t>& buf, index_t n) {
+        std::fill_n(buf.allocate(std::size_t(n)), n, std::uint16_t(0));
+      };
+      zeroed(qb, nr * Dp);
+      zeroed(kp, kBc * Dp);
+      zeroed(vp, kBc * Dvp);
+      zeroed(wb, nr * kBc);
       c.resize(std::size_t(nr));
       halo.resize(std::size_t(nr * bf16::kCols));
       seen.resize(std::size_t(kBc));

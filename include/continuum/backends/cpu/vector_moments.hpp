@@ -360,13 +360,11 @@ struct VectorOps {
     return p;
   }
 
-  static V vmax(V a, V b) { return a > b ? a : b; }
   /// |x| (clears the sign bit).
   static V vabs(V x) {
     using I = typename SimdInt<T>::type;
     return (V)((VI)x & (VI{} + std::numeric_limits<I>::max()));
   }
-  static V vmin(V a, V b) { return a > b ? b : a; }
 
   /// Lanes with b ≤ edge (the polynomial regime): 0 = none, 1 = some, 2 = all.
   /// The kernels evaluate only the regime that occurs in a vector; the result
