@@ -497,8 +497,9 @@ TEMPLATE_TEST_CASE("16-bit storage: the forward reads keys and values as stored,
                    "rounded once (decode over a split KV cache, windows, strides)",
                    "[operator][bfloat16][float16]", bfloat16, float16) {
   using S = TestType;
-  // The 16-bit forward widens each key and value tile where it packs it
-  // (tiled.hpp, KeyValue), not the whole cache first; the float call on the
+  // The 16-bit forward widens each query row where it scales it and each key
+  // and value tile where it packs it, and rounds each output row where it
+  // finishes it (tiled.hpp, Stored), not whole tensors; the float call on the
   // same values reads them as they are. Same floats, same operations: where
   // both evaluate the same stencil (float16: every kernel; bfloat16: softmax,
   // e^s in both; bfloat16's continuum stencil is its own, MATH.md §10) the

@@ -11,8 +11,9 @@
 //   double storage: the kernels in double;
 //   16-bit storage, bfloat16 or float16 (cpu/storage16.hpp): the call
 //     converted to float (or to double with Compute::float64) once — except
-//     a float forward's keys and values, read as stored tile by tile
-//     (forward_storage16, tiled::KeyValue) — the kernels in that type, each
+//     a float forward, which reads Q, K and V as stored, row by row and tile
+//     by tile, and writes each output row where it is finished
+//     (forward_storage16, tiled::Stored) — the kernels in that type, each
 //     output rounded once to the storage type (lse and dτ stay float). For
 //     bfloat16 computed in float the stencil is evaluated to bfloat16's
 //     accuracy (2^-14 relative per term, cpu/vector_moments.hpp,
@@ -105,21 +106,23 @@ void forward_widened(const ForwardArgs<T>& a, const AttentionShape& sh, double s
     for_rows(sh.rows(), w.threads, [&](index_t r) { w.narrow(a, r); });
 }
 
-/// A whole forward of 16-bit storage computed in float: Q and the outputs
-/// copied, the keys and values read as they are (tiled::KeyValue: a decode
-/// step never copies its KV cache), the tile products on `unit` (bfloat16
-/// storage: bf16_products.hpp) or the vector kernels, each output rounded
-/// once. The rows float cannot hold go to double from the caller's
-/// arguments, after the others are written.
+/// A whole forward of 16-bit storage computed in float: Q, K and V read as
+/// they are and each output row rounded once into the caller's out where it
+/// is finished (tiled::Stored: no copy of a whole tensor; a decode step
+/// never copies its KV cache), the tile products on `unit` (bfloat16
+/// storage: bf16_products.hpp) or the vector kernels; lse written as it is
+/// (float), the inspection maps copied. The rows float cannot hold go to
+/// double from the caller's arguments, after the others are written.
 template <class Stencil, class T>
 void forward_storage16(const ForwardArgs<T>& a, const AttentionShape& sh, double scale, StencilAccuracy accuracy,
                        bf16::Unit unit) {
-  const WideForward<float, T> w(a, sh, /*widen_kv=*/false);
+  const WideForward<float, T> w(a, sh, /*copy=*/false);
   std::vector<index_t> declined;
-  tiled::forward_tiled<float, Stencil>(w.args, tiled::KeyValue<T>{a.key, a.value}, scale, nullptr,
+  tiled::forward_tiled<float, Stencil>(w.args, tiled::Stored<T>{a.query, a.key, a.value, a.out}, scale, nullptr,
                                        [&](const std::vector<index_t>& rows) { declined = rows; }, unit, accuracy,
                                        row_statistics(a));
-  for_rows(sh.rows(), w.threads, [&](index_t r) { w.narrow(a, r); });
+  if (a.lse != w.args.lse || a.probs || a.cell_mass)
+    for_rows(sh.rows(), w.threads, [&](index_t r) { w.narrow(a, r); });
   if (!declined.empty()) forward_widened<double, Stencil>(a, sh, scale, &declined);
 }
 

@@ -81,6 +81,9 @@ inline std::uint16_t bits_exact(float x) {
   return std::uint16_t(u >> 16);
 }
 
+/// The bits of a bfloat16 value as stored.
+inline std::uint16_t bits_exact(bfloat16 x) { return Eigen::numext::bit_cast<std::uint16_t>(x); }
+
 /// The bfloat16 bits of a finite float as AVX512-BF16's conversion
 /// (vcvtneps2bf16) gives them: rounded to nearest even, a float denormal to
 /// a zero of its sign (the units would read a bfloat16 denormal as 0 anyway).

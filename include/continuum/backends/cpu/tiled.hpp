@@ -58,7 +58,7 @@
 // tiles or AVX512-BF16 vectors, where the CPU has one): the forward's S and
 // P·V and the backward's S and dP products run on it (bf16_products.hpp,
 // MATH.md §10, "bfloat16 products"), the rest as above.
-// 16-bit keys and values (KeyValue<S>, S = bfloat16 or float16) are read by
+// 16-bit keys and values (Stored<S>, S = bfloat16 or float16) are read by
 // the forward in their storage type, so that a decode step never copies its
 // whole KV cache to float: a key tile is widened in registers (exactly) as it
 // is transposed, a value tile into the workspace, and the magnitude pass
@@ -621,12 +621,12 @@ bool all_zero(const T* x, index_t n) {
 }
 
 /// Per-row states for the kernels in T (see above): ok[row] is a RowState.
-/// The keys and values may be stored in S (a forward's 16-bit KV cache).
+/// The queries, keys and values may be stored in S (a 16-bit forward's own).
 /// subset (null = every row) marks the rows this call computes. grad_out is
 /// null for the forward. Returns the number of rows not computed in T
 /// (declined or non-finite).
 template <class T, class S = T>
-index_t row_eligibility(const TensorView<const T>& query, const TensorView<const S>& key,
+index_t row_eligibility(const TensorView<const S>& query, const TensorView<const S>& key,
                         const TensorView<const S>& value, const TensorView<const T>* grad_out,
                         const Visibility& vis, const Temperature<T>& temp, double scale, int threads,
                         const char* subset, std::vector<char>& ok, bool unscaled_scores = false) {
@@ -710,14 +710,14 @@ index_t row_eligibility(const TensorView<const T>& query, const TensorView<const
   return rejected;
 }
 
-/// The forward outputs of the non-finite rows: out and lse NaN.
-template <class T>
-void write_nonfinite_rows(const ForwardArgs<T>& a, const std::vector<char>& ok) {
+/// The forward outputs of the non-finite rows: out (stored in S) and lse NaN.
+template <class T, class S>
+void write_nonfinite_rows(const ForwardArgs<T>& a, const TensorView<S>& out, const std::vector<char>& ok) {
   const T nan = std::numeric_limits<T>::quiet_NaN();
   const index_t Hq = a.query.heads, Lq = a.query.seq, Lk = a.key.seq;
   for (index_t row : rows_in_state(ok, kNonFinite)) {
     const index_t i = row % Lq, h = (row / Lq) % Hq, b = row / (Lq * Hq);
-    if (a.out.data) std::fill(a.out.row(b, h, i), a.out.row(b, h, i) + a.out.dim, nan);
+    if (out.data) std::fill(out.row(b, h, i), out.row(b, h, i) + out.dim, S(nan));
     if (a.lse) a.lse[row] = nan;
     if (a.probs) std::fill(a.probs + row * Lk, a.probs + (row + 1) * Lk, nan);
     if (a.cell_mass) std::fill(a.cell_mass + row * Lk, a.cell_mass + (row + 1) * Lk, nan);
@@ -1263,7 +1263,7 @@ struct ForwardWorkspace {
   const T* vh = nullptr;  // the value row of the tile's halo key, in T
   std::vector<char> seen;
   std::vector<int> cover;
-  // Values stored in another type than T (KeyValue<S>): the value rows of
+  // Values stored in another type than T (Stored<S>): the value rows of
   // the halo key and the tile, (kBc + 1) × Dv, widened to T (the key tile is
   // widened where it is transposed into kt).
   std::vector<T> vstage;
@@ -1297,14 +1297,19 @@ struct ForwardWorkspace {
   }
 };
 
-/// The keys and values a forward reads, in their storage type S: the call's
-/// own (S = T), or a 16-bit KV cache computed in float, read without a copy
-/// of the whole cache (S = bfloat16 or float16, T = float: each tile's rows
-/// are widened where the tile is packed, exactly, so the products see the
-/// same floats as from a widened copy).
+/// The tensors of a forward as the caller stores them: Q, K and V read and
+/// the output written, in storage type S — the call's own (S = T), or a
+/// 16-bit call computed in float (S = bfloat16 or float16, T = float), read
+/// and written without a copy of the whole tensor: each query row is widened
+/// where it is scaled, each key tile's rows where the tile is packed (a KV
+/// cache is never copied), exactly, so the products see the same floats as
+/// from a widened copy; each output row is rounded once where it is
+/// finished. (The forward's ForwardArgs<T> then give only their shapes, lse,
+/// maps and options.)
 template <class S>
-struct KeyValue {
-  TensorView<const S> key, value;
+struct Stored {
+  TensorView<const S> query, key, value;
+  TensorView<S> out;
 };
 
 /// The key tile [k0, k0 + nc) of (b, hk) transposed into ws.kt (ncp columns,
@@ -1313,13 +1318,13 @@ struct KeyValue {
 /// S ≠ T, the value rows [max(k0 − 1, 0), k0 + nc) widened into ws.vstage
 /// (row k at k − (k0 − 1)).
 template <class T, class S>
-void pack_tile(const KeyValue<S>& kv, index_t b, index_t hk, index_t k0, index_t nc, index_t ncp, bool keys,
+void pack_tile(const Stored<S>& io, index_t b, index_t hk, index_t k0, index_t nc, index_t ncp, bool keys,
                ForwardWorkspace<T>& ws) {
-  const index_t D = kv.key.dim, Dv = kv.value.dim;
-  if (keys) pack_transposed(kv.key.row(b, hk, k0), kv.key.stride_seq, nc, D, ws.kt.data(), ncp);
+  const index_t D = io.key.dim, Dv = io.value.dim;
+  if (keys) pack_transposed(io.key.row(b, hk, k0), io.key.stride_seq, nc, D, ws.kt.data(), ncp);
   if constexpr (!std::is_same<S, T>::value) {
     for (index_t k = std::max<index_t>(k0 - 1, 0); k < k0 + nc; ++k)
-      convert_n(kv.value.row(b, hk, k), ws.vstage.data() + (k - (k0 - 1)) * Dv, Dv);
+      convert_n(io.value.row(b, hk, k), ws.vstage.data() + (k - (k0 - 1)) * Dv, Dv);
   }
 }
 
@@ -1365,21 +1370,23 @@ void write_maps(const T* qs, const TensorView<const S>& key, index_t b, index_t 
   }
 }
 
-/// qs = c_i q_i, the query of row (b, h, i) scaled by c_i = scale / τ_i; returns c_i.
-template <class T>
-inline T scaled_query(const ForwardArgs<T>& a, index_t b, index_t h, index_t i, double scale, T* qs) {
+/// qs = c_i q_i, the query of row (b, h, i) (read from `query`, stored in
+/// S) scaled by c_i = scale / τ_i; returns c_i.
+template <class T, class S>
+inline T scaled_query(const ForwardArgs<T>& a, const TensorView<const S>& query, index_t b, index_t h, index_t i,
+                      double scale, T* qs) {
   const T c = T(MeasureType<T>(scale) /
                 MeasureType<T>(temperature_at(a.temperature, b, h, i, a.query.heads, a.query.seq)));
-  const T* qi = a.query.row(b, h, i);
-  for (index_t d = 0; d < a.query.dim; ++d) qs[d] = c * qi[d];
+  const S* qi = query.row(b, h, i);
+  for (index_t d = 0; d < query.dim; ++d) qs[d] = c * T(qi[d]);
   return c;
 }
 
 /// Writes the outputs of finished row r of a task (query i of head h, batch
 /// b): out = o / l, lse = m + log l (0 and −∞ for a row that sees no key) and
-/// the inspection maps when asked for (from the keys kv.key).
+/// the inspection maps when asked for (from the keys io.key).
 template <class T, class Stencil, class S>
-void write_row(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, index_t h, index_t i, index_t r,
+void write_row(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, index_t h, index_t i, index_t r,
                ForwardWorkspace<T>& ws) {
   const index_t Lq = a.query.seq, Lk = a.key.seq, Dv = a.value.dim, Hq = a.query.heads;
   const index_t hk = h / (Hq / a.key.heads);
@@ -1394,7 +1401,7 @@ void write_row(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, index_
     st.ref[row] = ref;
     for (index_t k = 0; k < 3; ++k) st.near(row)[k] = near_w[k];
     st.far_sum(row) = ws.l[r];
-    const S* vr = kv.value.row(b, hk, ref);
+    const S* vr = io.value.row(b, hk, ref);
     T* u = st.far_diff(row);
     const T lw = ws.l[r] + ws.rho[r];  // the weights o holds (W̃ where rounded)
     for (index_t d = 0; d < Dv; ++d) u[d] = madd(-lw, T(vr[d]), o[d]);
@@ -1406,12 +1413,14 @@ void write_row(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, index_
   T z = ws.l[r];
   for (index_t k = 0; k < 3; ++k)
     if (near_key[k] >= 0) {
-      add_scaled(o, near_w[k], kv.value.row(b, hk, near_key[k]), Dv, ws.vrow.data());
+      add_scaled(o, near_w[k], io.value.row(b, hk, near_key[k]), Dv, ws.vrow.data());
       z += near_w[k];
     }
   ws.l[r] = z;
   const bool empty = !(z > T(0));
-  T* out = a.out.row(b, h, i);
+  // The row in T: the caller's; stored in S ≠ T, ws.vrow, then rounded once into the caller's.
+  T* out = ws.vrow.data();
+  if constexpr (std::is_same<S, T>::value) out = io.out.row(b, h, i);
   const T inv = empty ? T(0) : T(1) / z;
   // A bfloat16 unit: an accumulator can be −0 (a tiny negative sum flushed to
   // zero by the unit), and the 0 · v of a key that only other rows of the task
@@ -1421,18 +1430,19 @@ void write_row(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, index_
     if (ws.on_unit()) x = unsigned_zero(x);
     out[d] = x;
   }
+  if constexpr (!std::is_same<S, T>::value) convert_n(out, io.out.row(b, h, i), Dv);
   if (a.lse) a.lse[(b * Hq + h) * Lq + i] = empty ? -std::numeric_limits<T>::infinity() : ws.m[r] + std::log(ws.l[r]);
   if (a.probs || a.cell_mass) {
-    write_maps<T, Stencil>(ws.q.row(r).data(), kv.key, b, hk, ws.range[r], ws.m[r], ws.l[r],
+    write_maps<T, Stencil>(ws.q.row(r).data(), io.key, b, hk, ws.range[r], ws.m[r], ws.l[r],
                            a.probs ? a.probs + row * Lk : nullptr, a.cell_mass ? a.cell_mass + row * Lk : nullptr, ws);
   }
 }
 
 // The bfloat16-unit steps of forward_block (bf16_products.hpp); kBf16<T>: T
 // is float and this translation unit has the units' kernels. Each is a no-op
-// elsewhere (ws.unit is then never set). K and V are read from kv: a's own
-// (floats holding bfloat16 values) or bfloat16 as stored (a KV cache, never
-// widened as a whole).
+// elsewhere (ws.unit is then never set). Q, K and V are read from io: a's
+// own (floats holding bfloat16 values) or bfloat16 as stored (a KV cache is
+// never widened as a whole).
 #if defined(CONTINUUM_CPU_AVX512BF16)
 template <class T>
 inline constexpr bool kBf16 = std::is_same<T, float>::value;
@@ -1465,23 +1475,23 @@ inline index_t block_rows(index_t g, index_t nr) { return std::min(bf16::kRows, 
 /// that no row of the task sees are zeros: their data is never loaded), and
 /// points ws.vh at the value row of key k0 − 1 in float (the halo's P·V term).
 template <class T, class S>
-void pack_tile_bf16(const KeyValue<S>& kv, index_t b, index_t hk, index_t k0, index_t nc, index_t nr, index_t ncp,
+void pack_tile_bf16(const Stored<S>& io, index_t b, index_t hk, index_t k0, index_t nc, index_t nr, index_t ncp,
                     ForwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
     std::fill(ws.cover.begin(), ws.cover.begin() + nc + 1, 0);
     add_cover(ws.range.data(), nr, k0, nc, ws.cover.data());
     seen_from_cover(ws.cover.data(), nc, ws.seen.data());
-    bf16::pack_keys(kv.key.row(b, hk, k0), kv.key.stride_seq, nc, kv.key.dim, ws.Dp, ws.seen.data(),
+    bf16::pack_keys(io.key.row(b, hk, k0), io.key.stride_seq, nc, io.key.dim, ws.Dp, ws.seen.data(),
                     ncp / bf16::kCols, ws.kp.data());
-    bf16::pack_values(kv.value.row(b, hk, k0), kv.value.stride_seq, nc, kv.value.dim, ws.Dvp, ws.seen.data(),
+    bf16::pack_values(io.value.row(b, hk, k0), io.value.stride_seq, nc, io.value.dim, ws.Dvp, ws.seen.data(),
                       round_up(nc, bf16::kStep) / bf16::kStep, ws.vp.data());
     ws.vh = nullptr;
     if (k0 > 0) {
-      const S* v = kv.value.row(b, hk, k0 - 1);
+      const S* v = io.value.row(b, hk, k0 - 1);
       if constexpr (std::is_same<S, T>::value) {
         ws.vh = v;
       } else {
-        convert_n(v, ws.vhalo.data(), kv.value.dim);
+        convert_n(v, ws.vhalo.data(), io.value.dim);
         ws.vh = ws.vhalo.data();
       }
     }
@@ -1540,7 +1550,7 @@ void accumulate_bf16(index_t g0, index_t g1, index_t nr, index_t n_steps, Forwar
 /// the previous chunk's last tile computes it: key k0 − 1 alone in a block of
 /// 16 (per-element products: the other columns do not matter).
 template <class T, class S>
-void chunk_halo_bf16(const KeyValue<S>& kv, index_t b, index_t hk, index_t k0, index_t nr, ForwardWorkspace<T>& ws) {
+void chunk_halo_bf16(const Stored<S>& io, index_t b, index_t hk, index_t k0, index_t nr, ForwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
     bool needed = false;  // key k0 − 1 is loaded only when a row sees it
     for (index_t r = 0; r < nr; ++r) needed |= ws.range[r].lo < k0 && ws.range[r].hi > k0;
@@ -1550,7 +1560,7 @@ void chunk_halo_bf16(const KeyValue<S>& kv, index_t b, index_t hk, index_t k0, i
     }
     std::fill(ws.seen.begin(), ws.seen.begin() + bf16::kCols, char(0));
     ws.seen[bf16::kCols - 1] = 1;
-    bf16::pack_keys(kv.key.row(b, hk, k0 - bf16::kCols), kv.key.stride_seq, bf16::kCols, kv.key.dim, ws.Dp,
+    bf16::pack_keys(io.key.row(b, hk, k0 - bf16::kCols), io.key.stride_seq, bf16::kCols, io.key.dim, ws.Dp,
                     ws.seen.data(), 1, ws.kp.data());
     for (index_t g = 0; g < nr; g += bf16::kRows)
       bf16::scores(ws.unit, ws.qb.data() + g * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), 0, 1,
@@ -1571,7 +1581,7 @@ inline constexpr index_t kNear = Stencil::has_halo ? 1 : 0;
 /// the current tile): the near keys of the old one that are not near the new
 /// one are far keys now, and their terms join o and l.
 template <class Stencil, class T, class S>
-void move_reference(const KeyValue<S>& kv, index_t b, index_t hk, index_t r, index_t ref, ForwardWorkspace<T>& ws) {
+void move_reference(const Stored<S>& io, index_t b, index_t hk, index_t r, index_t ref, ForwardWorkspace<T>& ws) {
   index_t* key = ws.near_key.data() + 3 * r;
   T* w = ws.near_w.data() + 3 * r;
   const index_t old_key[3] = {key[0], key[1], key[2]};
@@ -1588,7 +1598,7 @@ void move_reference(const KeyValue<S>& kv, index_t b, index_t hk, index_t r, ind
       key[j - ref + 1] = j;
       w[j - ref + 1] = old_w[k];
     } else {
-      add_scaled(ws.o.row(r).data(), old_w[k], kv.value.row(b, hk, j), kv.value.dim, ws.vrow.data());
+      add_scaled(ws.o.row(r).data(), old_w[k], io.value.row(b, hk, j), io.value.dim, ws.vrow.data());
       ws.l[r] += old_w[k];
     }
   }
@@ -1626,10 +1636,11 @@ T take_near_keys(index_t r, T* w, index_t key0, index_t c0, index_t c1, index_t 
 /// grouping changes no bit. The task covers the keys [ka, kz) (a chunk of a
 /// split task, multiples of kBc; else [0, Lk)): with `partial` null its rows
 /// are finished and written, else their state (m, l, o) goes to
-/// partial[r · (Dv + 2) + …] (finish_split). The keys and values are read
-/// from kv (KeyValue), by the bfloat16 unit's steps too.
+/// partial[r · (Dv + 2) + …] (finish_split). The queries, keys and values
+/// are read from io (Stored), by the bfloat16 unit's steps too, and the
+/// outputs written there.
 template <class T, class Stencil, class S>
-void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, index_t h0, index_t nh, index_t i0,
+void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, index_t h0, index_t nh, index_t i0,
                    index_t i1, double scale, ForwardWorkspace<T>& ws, const char* ok, index_t ka, index_t kz,
                    T* partial) {
   constexpr bool staged = !std::is_same<S, T>::value;  // each tile's K, V rows widened into ws (pack_tile)
@@ -1650,11 +1661,11 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
       kmin = std::min(kmin, ws.range[r].lo);
       kmax = std::max(kmax, ws.range[r].hi);
     }
-    const T c = scaled_query(a, b, h, i, scale, ws.q.row(r).data());
+    const T c = scaled_query(a, io.query, b, h, i, scale, ws.q.row(r).data());
     if constexpr (kBf16<T>)
       if (ws.on_unit()) {
         ws.c[std::size_t(r)] = c;
-        const T* qi = a.query.row(b, h, i);
+        const S* qi = io.query.row(b, h, i);
         std::uint16_t* qb = ws.qb.data() + r * ws.Dp;
         for (index_t d = 0; d < D; ++d) qb[d] = bf16::bits_exact(qi[d]);
       }
@@ -1675,7 +1686,7 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
   kmin = std::max(kmin, ka);  // this task's chunk of keys
   kmax = std::min(kmax, kz);
 
-  const index_t ldv = kv.value.stride_seq;
+  const index_t ldv = io.value.stride_seq;
   const index_t lds = ws.s.stride(), ldw = ws.w.stride();
   // Key tiles sit at multiples of kBc, whatever the block: a row is computed
   // with the same tiles (the same operations) in any query block, so a
@@ -1698,12 +1709,12 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
     // operations: a running multiply-add in d order).
     for (index_t r = 0; r < nr; ++r) ws.s(r, 0) = k0 > kstart ? ws.s(r, kBc) : T(0);
     if (k0 == kstart && k0 == ka && k0 > 0 && ws.on_unit())
-      chunk_halo_bf16(kv, b, hk, k0, nr, ws);
+      chunk_halo_bf16(io, b, hk, k0, nr, ws);
     else if (k0 == kstart && k0 == ka && k0 > 0)
       for (index_t r = 0; r < nr; ++r)
         if (ws.range[r].lo < k0 && ws.range[r].hi > k0) {
           const T* qs = ws.q.row(r).data();
-          const S* kh = kv.key.row(b, hk, k0 - 1);
+          const S* kh = io.key.row(b, hk, k0 - 1);
           T acc = T(0);
           for (index_t d = 0; d < D; ++d) acc = madd(qs[d], T(kh[d]), acc);
           ws.s(r, 0) = acc;
@@ -1727,9 +1738,9 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
         // (a bfloat16 unit: K and V packed, keys no row of the task sees as zeros).
         ncp = std::min(round_up(nc, kPad<T>), kBc);
         if (ws.on_unit())
-          pack_tile_bf16(kv, b, hk, k0, nc, nr, ncp, ws);
+          pack_tile_bf16(io, b, hk, k0, nc, nr, ncp, ws);
         else
-          pack_tile(kv, b, hk, k0, nc, ncp, !few_rows, ws);
+          pack_tile(io, b, hk, k0, nc, ncp, !few_rows, ws);
         packed = true;
       }
       // S[r0:r1, 1 + j] = Qs · K_tileᵀ for the tile keys j in [j0, j1) ⊇ [u0 - k0, u1 - k0).
@@ -1741,8 +1752,8 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
 #if defined(CONTINUUM_TILE_GEMM)
         if constexpr (kVector<T>) {
           const T* q = ws.q.data() + r0 * D;
-          const S* key = kv.key.row(b, hk, k0);
-          const index_t ldk = kv.key.stride_seq;
+          const S* key = io.key.row(b, hk, k0);
+          const index_t ldk = io.key.stride_seq;
           T* sr = ws.s.data() + r0 * lds + 1;
           switch (r1 - r0) {
             case 6: few_row_scores<6>(q, D, key, ldk, nc, D, j0, j1, sr, lds); break;
@@ -1812,7 +1823,7 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
         } else {
           lsum = row_exp_sum(sr, m, wr, ce0, cv1);
         }
-        if (m > m_old) move_reference<Stencil>(kv, b, hk, r, key0 + row_find(sr, cv0, cv1, m), ws);
+        if (m > m_old) move_reference<Stencil>(io, b, hk, r, key0 + row_find(sr, cv0, cv1, m), ws);
         // The near keys' terms leave the tile's sum: subtracted while they
         // are at most half of it (the difference then has at most twice the
         // sum's relative error), else the sum is taken again over what is
@@ -1843,7 +1854,7 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
         range_gemm<T>(r1 - r0, Dv, ws.w.data() + r0 * ldw, ldw, 1, 0, ws.vstage.data(), Dv, ws.o.data() + r0 * Dv,
                       Dv, ws.kb.data() + r0, ws.ke.data() + r0);
       else
-        range_gemm<T>(r1 - r0, Dv, ws.w.data() + r0 * ldw, ldw, 1, key0, kv.value.row(b, hk, 0), ldv,
+        range_gemm<T>(r1 - r0, Dv, ws.w.data() + r0 * ldw, ldw, 1, key0, io.value.row(b, hk, 0), ldv,
                       ws.o.data() + r0 * Dv, Dv, ws.kb.data() + r0, ws.ke.data() + r0);
     }
     // Keep this tile's last score as the next tile's halo (column kBc).
@@ -1855,12 +1866,12 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
     if (partial) {  // one chunk of a split task: its row state, combined later (finish_split)
       T* orow = ws.o.row(r).data();
       if (ws.carry_key[r] >= 0) {
-        add_scaled(orow, ws.carry[r], kv.value.row(b, hk, ws.carry_key[r]), Dv, ws.vrow.data());
+        add_scaled(orow, ws.carry[r], io.value.row(b, hk, ws.carry_key[r]), Dv, ws.vrow.data());
         ws.l[r] += ws.carry[r];
       }
       for (index_t k = 0; k < 3; ++k)
         if (const index_t key = ws.near_key[std::size_t(3 * r + k)]; key >= 0) {
-          add_scaled(orow, ws.near_w[std::size_t(3 * r + k)], kv.value.row(b, hk, key), Dv, ws.vrow.data());
+          add_scaled(orow, ws.near_w[std::size_t(3 * r + k)], io.value.row(b, hk, key), Dv, ws.vrow.data());
           ws.l[r] += ws.near_w[std::size_t(3 * r + k)];
         }
       T* pr = partial + r * (Dv + 2);
@@ -1868,7 +1879,7 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
       pr[1] = ws.l[r];
       std::copy(ws.o.row(r).data(), ws.o.row(r).data() + Dv, pr + 2);
     } else {
-      write_row<T, Stencil>(a, kv, b, h0 + r / ni, i0 + r % ni, r, ws);
+      write_row<T, Stencil>(a, io, b, h0 + r / ni, i0 + r % ni, r, ws);
     }
   }
 }
@@ -1877,7 +1888,7 @@ void forward_block(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, in
 /// states, partial[(c · rows + r) · (Dv + 2) + …] = (m, l, o) of row r in
 /// chunk c: combined in chunk order with the online row maximum, then written.
 template <class T, class Stencil, class S>
-void finish_split(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, index_t h0, index_t nh, index_t i0,
+void finish_split(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, index_t h0, index_t nh, index_t i0,
                   index_t i1, double scale, ForwardWorkspace<T>& ws, const char* ok, index_t chunks,
                   const T* partial) {
   const index_t Lq = a.query.seq, Lk = a.key.seq, Dv = a.value.dim, Hq = a.query.heads;
@@ -1886,7 +1897,7 @@ void finish_split(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, ind
     const index_t i = i0 + r % ni, h = h0 + r / ni;
     ws.range[r] = row_range(a.visibility, b, i, Lq, Lk);
     if (ok && ok[(b * Hq + h) * Lq + i] != kTiled) ws.range[r] = {0, 0};
-    scaled_query(a, b, h, i, scale, ws.q.row(r).data());
+    scaled_query(a, io.query, b, h, i, scale, ws.q.row(r).data());
     T m = -std::numeric_limits<T>::infinity(), l = T(0);
     T* o = ws.o.row(r).data();
     std::fill(o, o + Dv, T(0));
@@ -1902,7 +1913,7 @@ void finish_split(const ForwardArgs<T>& a, const KeyValue<S>& kv, index_t b, ind
     ws.l[r] = l;
     ws.ref[r] = -1;  // (the chunks' near keys are in l and o)
     for (index_t k = 0; k < 3; ++k) ws.near_key[std::size_t(3 * r + k)] = -1;
-    write_row<T, Stencil>(a, kv, b, h, i, r, ws);
+    write_row<T, Stencil>(a, io, b, h, i, r, ws);
   }
 }
 
@@ -1926,13 +1937,14 @@ inline bool task_has_rows(const std::vector<char>& ok, const char* subset, index
 /// products (bf16_products.hpp) — only for float arguments that hold
 /// bfloat16 values (bfloat16 storage), and only where bf16::usable(unit).
 /// accuracy: the stencil's (vector_moments.hpp; bf16 for bfloat16 storage,
-/// MATH.md §10). kv: the keys and values read — a's own, or (S ≠ T) 16-bit
-/// ones read in their storage type (KeyValue; a.key and a.value then give
-/// only their shapes; a unit takes them only as bfloat16). stats: where the
+/// MATH.md §10). io: the queries, keys and values read and the output
+/// written — a's own, or (S ≠ T) 16-bit ones in their storage type (Stored;
+/// a's query, key, value and out then give only their shapes; a unit takes
+/// them only as bfloat16). stats: where the
 /// rows computed here leave their statistics for a backward (RowStatistics;
 /// none when empty); asking for them turns the decode split off.
 template <class T, class Stencil, class S, class Declined>
-void forward_tiled(const ForwardArgs<T>& a, const KeyValue<S>& kv, double scale, const char* subset,
+void forward_tiled(const ForwardArgs<T>& a, const Stored<S>& io, double scale, const char* subset,
                    Declined&& declined, bf16::Unit unit = bf16::Unit::none,
                    StencilAccuracy accuracy = StencilAccuracy::full, RowStatistics<T> stats = {}) {
   const index_t B = a.query.batch, Hq = a.query.heads, Lq = a.query.seq, D = a.query.dim;
@@ -1960,7 +1972,7 @@ void forward_tiled(const ForwardArgs<T>& a, const KeyValue<S>& kv, double scale,
   constexpr bool staged = !std::is_same<S, T>::value;
   constexpr bool unit_reads_s = std::is_same<S, T>::value || std::is_same<S, bfloat16>::value;
   if (!kBf16<T> || !unit_reads_s || D == 0 || Dv == 0 || !bf16::usable(unit)) unit = bf16::Unit::none;
-  const index_t rejected = row_eligibility<T, S>(a.query, kv.key, kv.value, nullptr, a.visibility, a.temperature,
+  const index_t rejected = row_eligibility<T, S>(io.query, io.key, io.value, nullptr, a.visibility, a.temperature,
                                                  scale, threads, subset, ok, unit != bf16::Unit::none);
   if (ntasks == 0) return;
   const CallerFloatModes modes;
@@ -1988,9 +2000,9 @@ void forward_tiled(const ForwardArgs<T>& a, const KeyValue<S>& kv, double scale,
       if (!task_has_rows(ok, subset, b, h0, nh, i0, i1, Hq, Lq)) continue;  // rows outside the subset are not written
       const char* okp = subset || rejected ? ok.data() : nullptr;
       if (chunks == 1)
-        forward_block<T, Stencil>(a, kv, b, h0, nh, i0, i1, scale, ws, okp, 0, Lk, nullptr);
+        forward_block<T, Stencil>(a, io, b, h0, nh, i0, i1, scale, ws, okp, 0, Lk, nullptr);
       else
-        forward_block<T, Stencil>(a, kv, b, h0, nh, i0, i1, scale, ws, okp, chunk * kSplitKeys,
+        forward_block<T, Stencil>(a, io, b, h0, nh, i0, i1, scale, ws, okp, chunk * kSplitKeys,
                                   std::min(Lk, (chunk + 1) * kSplitKeys),
                                   partial.data() + (task * chunks + chunk) * task_rows * (Dv + 2));
     }
@@ -2003,14 +2015,14 @@ void forward_tiled(const ForwardArgs<T>& a, const KeyValue<S>& kv, double scale,
         const index_t b = bh / (Hq / nh), h0 = bh % (Hq / nh) * nh;
         const index_t i0 = 0, i1 = Lq;
         if (!task_has_rows(ok, subset, b, h0, nh, i0, i1, Hq, Lq)) continue;
-        finish_split<T, Stencil>(a, kv, b, h0, nh, i0, i1, scale, ws, subset || rejected ? ok.data() : nullptr, chunks,
+        finish_split<T, Stencil>(a, io, b, h0, nh, i0, i1, scale, ws, subset || rejected ? ok.data() : nullptr, chunks,
                                  partial.data() + task * chunks * task_rows * (Dv + 2));
       }
     }
   }
   if (rejected > 0) {
     declined(rows_in_state(ok, kDeclined));
-    write_nonfinite_rows(a, ok);
+    write_nonfinite_rows(a, io.out, ok);
   }
 }
 
@@ -2019,7 +2031,8 @@ template <class T, class Stencil, class Declined>
 void forward_tiled(const ForwardArgs<T>& a, double scale, const char* subset, Declined&& declined,
                    bf16::Unit unit = bf16::Unit::none, StencilAccuracy accuracy = StencilAccuracy::full,
                    RowStatistics<T> stats = {}) {
-  forward_tiled<T, Stencil>(a, KeyValue<T>{a.key, a.value}, scale, subset, std::forward<Declined>(declined), unit,
+  forward_tiled<T, Stencil>(a, Stored<T>{a.query, a.key, a.value, a.out}, scale, subset,
+                            std::forward<Declined>(declined), unit,
                             accuracy, stats);
 }
 

@@ -126,21 +126,28 @@ Temperature<W> widened(const Temperature<T>& t, const AttentionShape& s, std::ve
   return w;
 }
 
+/// A view of v's shape without data.
+template <class W, class T>
+TensorView<W> shape_only(const TensorView<T>& v) {
+  return TensorView<W>::bhsd(nullptr, v.batch, v.heads, v.seq, v.dim);
+}
+
 /// What forward and backward arguments share, in W: Q, K, V (copied into q,
 /// k, v) and the options (AttentionOptions; the temperature's array into
-/// tau), computing in W's own arithmetic. widen_kv false: K and V are not
-/// copied (the kernels read the caller's: tiled::KeyValue), their views in w
+/// tau), computing in W's own arithmetic. copy false: Q, K and V are not
+/// copied (the kernels read the caller's: tiled::Stored), their views in w
 /// give only the shapes (no data).
 template <class Args, class WideArgs, class W>
 void widen_shared(const Args& a, const AttentionShape& s, WideArgs& w, Buffer<W>& q, Buffer<W>& k, Buffer<W>& v,
-                  std::vector<W>& tau, int threads, bool widen_kv = true) {
-  w.query = widened(a.query, q, threads);
-  if (widen_kv) {
+                  std::vector<W>& tau, int threads, bool copy = true) {
+  if (copy) {
+    w.query = widened(a.query, q, threads);
     w.key = widened(a.key, k, threads);
     w.value = widened(a.value, v, threads);
   } else {
-    w.key = TensorView<const W>::bhsd(nullptr, a.key.batch, a.key.heads, a.key.seq, a.key.dim);
-    w.value = TensorView<const W>::bhsd(nullptr, a.value.batch, a.value.heads, a.value.seq, a.value.dim);
+    w.query = shape_only<const W>(a.query);
+    w.key = shape_only<const W>(a.key);
+    w.value = shape_only<const W>(a.value);
   }
   AttentionOptions<W>& o = w;
   o.kernel = a.kernel;
@@ -151,8 +158,11 @@ void widen_shared(const Args& a, const AttentionShape& s, WideArgs& w, Buffer<W>
   o.num_threads = a.num_threads;
 }
 
-/// Forward arguments of T storage in W, the inspection maps included (K and
-/// V copied unless widen_kv is false: widen_shared).
+/// Forward arguments of T storage in W, the inspection maps included. copy
+/// false (16-bit storage computed in float: forward_storage16): Q, K, V and
+/// out are not copied — the kernels read and write the caller's in their
+/// storage type (tiled::Stored), these views give only the shapes — and lse
+/// is the caller's own where it has W's type.
 template <class W, class T>
 struct WideForward {
   Buffer<W> q, k, v, o;
@@ -160,11 +170,13 @@ struct WideForward {
   index_t len_k = 0;
   int threads = 1;
   ForwardArgs<W> args;
-  WideForward(const ForwardArgs<T>& a, const AttentionShape& s, bool widen_kv = true)
+  WideForward(const ForwardArgs<T>& a, const AttentionShape& s, bool copy = true)
       : len_k(s.len_k), threads(tiled::resolve_threads(a.num_threads)) {
-    widen_shared(a, s, args, q, k, v, tau, threads, widen_kv);
-    args.out = widened_output(a.out, o, threads);
-    if (a.lse) {
+    widen_shared(a, s, args, q, k, v, tau, threads, copy);
+    args.out = copy ? widened_output(a.out, o, threads) : shape_only<W>(a.out);
+    if constexpr (std::is_same<accum_t<T>, W>::value)
+      if (!copy) args.lse = a.lse;
+    if (a.lse && !args.lse) {
       lse.assign(std::size_t(s.rows()), W(0));
       args.lse = lse.data();
     }
@@ -177,10 +189,11 @@ struct WideForward {
       args.cell_mass = cell_mass.data();
     }
   }
-  /// Rounds row `row`'s outputs into the caller's arguments.
+  /// Rounds row `row`'s outputs into the caller's arguments (those the
+  /// kernels did not write there themselves).
   void narrow(const ForwardArgs<T>& a, index_t row) const {
-    narrow_row(args.out, a.out, row);
-    if (a.lse) a.lse[row] = accum_t<T>(lse[std::size_t(row)]);
+    if (args.out.data) narrow_row(args.out, a.out, row);
+    if (!lse.empty()) a.lse[row] = accum_t<T>(lse[std::size_t(row)]);
     const std::size_t r0 = std::size_t(row * len_k);
     if (a.probs) convert_n(probs.data() + r0, a.probs + r0, len_k);
     if (a.cell_mass) convert_n(cell_mass.data() + r0, a.cell_mass + r0, len_k);
