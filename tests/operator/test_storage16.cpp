@@ -652,6 +652,74 @@ TEST_CASE("bfloat16 units: concentrated attention, decode rows, a split KV cache
   }
 }
 
+TEST_CASE("bfloat16 units: a head's key tiles, packed once for its row blocks, change no bit",
+          "[operator][bfloat16]") {
+  // With several row blocks (tasks) per head, a thread packs each key tile of
+  // the head once, every key of it, and its tasks share it (tiled.hpp,
+  // pack_tile_bf16); a task alone packs only the keys its rows see. 600
+  // queries (3 row blocks) on 637 keys under a bottom-right causal mask, GQA
+  // (2 query heads on 1): decode steps (one query, a task of its own) give the
+  // full forward's rows bit for bit, and so does 1 thread against 2. A NaN in
+  // K and V at key 617 (seen by queries 580 on) leaves every other row's bits
+  // as they were: its tile is packed per task instead.
+  const UnitTests units;
+  if (units.list.empty()) return;
+  const int kernel = GENERATE(0, 1);
+  Case<float> c;
+  setup(c, 0, 0, kernel, 4343);
+  c.B = 1;
+  c.Hq = 2;
+  c.Hk = 1;
+  c.Lq = 600;
+  c.Lk = 637;
+  c.vis = continuum::Visibility{};
+  c.vis.causal = true;
+  c.alloc();
+  auto rng = rng_for(4344);
+  c.fill_uniform(rng);
+  round_inputs(c);
+  const index_t off = c.Lk - c.Lq, nan_key = 617;
+  Case<float> poisoned = c;
+  for (index_t d = 0; d < c.D; ++d) poisoned.k.at(0, 0, nan_key, d) = std::numeric_limits<float>::quiet_NaN();
+  for (index_t d = 0; d < c.Dv; ++d) poisoned.v.at(0, 0, nan_key, d) = std::numeric_limits<float>::quiet_NaN();
+  for (const auto unit : units.list) {
+    units.select(unit);
+    INFO("bfloat16" << unit_label() << " kernel " << kernel);
+    auto run = [](Case<float>& x, int threads) {
+      x.threads = threads;
+      Bf16Call call(x);
+      std::vector<float> lse;
+      forward16(x, call, lse);
+      std::vector<float> out = call.o.contiguous();
+      out.insert(out.end(), lse.begin(), lse.end());
+      return out;
+    };
+    const std::vector<float> two = run(c, 2), one = run(c, 1), bad = run(poisoned, 2);
+    CHECK(bitwise_equal(one, two));
+    for (index_t i : {index_t(0), index_t(255), index_t(256), index_t(511), index_t(512), index_t(599)}) {
+      Case<float> d = decode_step(c, i, off);
+      Bf16Call y(d);
+      std::vector<float> l1;
+      forward16(d, y, l1);
+      const std::vector<float> row = y.o.contiguous();
+      for (index_t h = 0; h < c.Hq; ++h) {
+        INFO("query " << i << " head " << h);
+        CHECK(std::memcmp(two.data() + (h * c.Lq + i) * c.Dv, row.data() + h * c.Dv, sizeof(float) * c.Dv) == 0);
+      }
+    }
+    std::size_t changed = 0, not_nan = 0;
+    for (index_t h = 0; h < c.Hq; ++h)
+      for (index_t i = 0; i < c.Lq; ++i)
+        for (index_t d = 0; d < c.Dv; ++d) {
+          const std::size_t at = std::size_t((h * c.Lq + i) * c.Dv + d);
+          if (i + off >= nan_key) not_nan += !std::isnan(bad[at]);
+          else changed += std::memcmp(&bad[at], &two[at], sizeof(float)) != 0;
+        }
+    CHECK(changed == 0);
+    CHECK(not_nan == 0);
+  }
+}
+
 TEST_CASE("bfloat16 units: a row that sees no key of a tile keeps its bits beside rows that see it",
           "[operator][bfloat16]") {
   // The unit flushes a denormal partial sum to a signed zero, and -0 + +0 is

@@ -328,12 +328,13 @@ CONTINUUM_AMX_FN void tile_scores(const std::uint16_t* q, index_t ldq, index_t D
   }
 }
 
-/// O += W̃ · V for 16 rows: w holds W̃'s bfloat16 bits (row stride ldw
-/// elements, n_steps·32 key columns, zero where a row sees no key), vp a
-/// pack_values tile of n_steps key steps, o the float accumulators (row
-/// stride ldo, Dvp columns). Tiles: 0–3 accumulators, 4 the W̃ step, 6–7 V.
-CONTINUUM_AMX_FN void tile_accumulate(const std::uint16_t* w, index_t ldw, index_t n_steps, const std::uint16_t* vp,
-                                 index_t Dvp, float* o, index_t ldo) {
+/// O += W̃ · V for 16 rows over the first `steps` key steps: w holds W̃'s
+/// bfloat16 bits (row stride ldw elements, steps·32 key columns, zero where
+/// a row sees no key), vp a pack_values tile of n_steps ≥ steps key steps
+/// (its layout), o the float accumulators (row stride ldo, Dvp columns).
+/// Tiles: 0–3 accumulators, 4 the W̃ step, 6–7 V.
+CONTINUUM_AMX_FN void tile_accumulate(const std::uint16_t* w, index_t ldw, index_t n_steps, index_t steps,
+                                      const std::uint16_t* vp, index_t Dvp, float* o, index_t ldo) {
   const index_t KP = n_steps * kStep / 2, blk = KP * 32;
   const long sw = long(ldw * 2), so = long(ldo * 4);
   __asm__ __volatile__("" ::: "memory");  // (as in tile_scores)
@@ -345,7 +346,7 @@ CONTINUUM_AMX_FN void tile_accumulate(const std::uint16_t* w, index_t ldw, index
     _tile_loadd(1, c + kCols, so);
     _tile_loadd(2, c + 2 * kCols, so);
     _tile_loadd(3, c + 3 * kCols, so);
-    for (index_t t = 0; t < n_steps; ++t) {
+    for (index_t t = 0; t < steps; ++t) {
       _tile_loadd(4, w + t * kStep, sw);
       const std::uint16_t* b = vp + nb * blk + t * 16 * 32;
       _tile_loadd(6, b, 64);
@@ -365,7 +366,7 @@ CONTINUUM_AMX_FN void tile_accumulate(const std::uint16_t* w, index_t ldw, index
   for (; nb < nblocks; ++nb) {
     float* c = o + nb * kCols;
     _tile_loadd(0, c, so);
-    for (index_t t = 0; t < n_steps; ++t) {
+    for (index_t t = 0; t < steps; ++t) {
       _tile_loadd(4, w + t * kStep, sw);
       _tile_loadd(6, vp + nb * blk + t * 16 * 32, 64);
       _tile_dpbf16ps(0, 4, 6);
@@ -419,16 +420,17 @@ CONTINUUM_DPBF16_FN void dot_scores_block(const std::uint32_t* q, index_t ldq, i
     for (int j = 0; j < NB; ++j) _mm512_storeu_ps(s + r * lds + j * kCols, acc[r][j]);
 }
 
-/// O += W̃ · V on AVX512-BF16 for MR rows and NB output blocks (see tile_accumulate).
+/// O += W̃ · V on AVX512-BF16 for MR rows and NB output blocks (see
+/// tile_accumulate): np key pairs, V's blocks blk words apart.
 template <int MR, int NB>
-CONTINUUM_DPBF16_FN void dot_accumulate_block(const std::uint32_t* w, index_t ldw, index_t KP,
+CONTINUUM_DPBF16_FN void dot_accumulate_block(const std::uint32_t* w, index_t ldw, index_t blk, index_t np,
                                               const std::uint32_t* vp, float* o, index_t ldo) {
   __m512 acc[MR][NB];
 #pragma GCC unroll 4
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
     for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_loadu_ps(o + r * ldo + j * kCols);
-  dot_block<MR, NB>(w, ldw, vp, KP * kCols, KP, acc);
+  dot_block<MR, NB>(w, ldw, vp, blk, np, acc);
 #pragma GCC unroll 4
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
@@ -452,19 +454,20 @@ CONTINUUM_DPBF16_FN void dot_scores_rows(const std::uint32_t* q, index_t ldq, in
   }
 }
 
-/// MR rows of W̃ (pair words w, row stride ldw words) times a pack_values
-/// tile of KP key pairs, into nblocks output blocks: 4 blocks at a time.
+/// MR rows of W̃ (pair words w, row stride ldw words) times the first np key
+/// pairs of a pack_values tile of KP key pairs, into nblocks output blocks:
+/// 4 blocks at a time.
 template <int MR>
-CONTINUUM_DPBF16_FN void dot_accumulate_rows(const std::uint32_t* w, index_t ldw, index_t KP, const std::uint32_t* vp,
-                                             index_t nblocks, float* o, index_t ldo) {
+CONTINUUM_DPBF16_FN void dot_accumulate_rows(const std::uint32_t* w, index_t ldw, index_t KP, index_t np,
+                                             const std::uint32_t* vp, index_t nblocks, float* o, index_t ldo) {
   const index_t blk = KP * kCols;
   index_t nb = 0;
-  for (; nb + 4 <= nblocks; nb += 4) dot_accumulate_block<MR, 4>(w, ldw, KP, vp + nb * blk, o + nb * kCols, ldo);
+  for (; nb + 4 <= nblocks; nb += 4) dot_accumulate_block<MR, 4>(w, ldw, blk, np, vp + nb * blk, o + nb * kCols, ldo);
   float* ob = o + nb * kCols;
   switch (nblocks - nb) {
-    case 3: dot_accumulate_block<MR, 3>(w, ldw, KP, vp + nb * blk, ob, ldo); break;
-    case 2: dot_accumulate_block<MR, 2>(w, ldw, KP, vp + nb * blk, ob, ldo); break;
-    case 1: dot_accumulate_block<MR, 1>(w, ldw, KP, vp + nb * blk, ob, ldo); break;
+    case 3: dot_accumulate_block<MR, 3>(w, ldw, blk, np, vp + nb * blk, ob, ldo); break;
+    case 2: dot_accumulate_block<MR, 2>(w, ldw, blk, np, vp + nb * blk, ob, ldo); break;
+    case 1: dot_accumulate_block<MR, 1>(w, ldw, blk, np, vp + nb * blk, ob, ldo); break;
     default: break;
   }
 }
@@ -488,17 +491,18 @@ CONTINUUM_DPBF16_FN void dot_scores(const std::uint16_t* q, index_t ldq, index_t
 }
 
 /// tile_accumulate on AVX512-BF16 for the first `rows` rows of the block.
-CONTINUUM_DPBF16_FN void dot_accumulate(const std::uint16_t* w, index_t ldw, index_t n_steps,
+CONTINUUM_DPBF16_FN void dot_accumulate(const std::uint16_t* w, index_t ldw, index_t n_steps, index_t steps,
                                         const std::uint16_t* vp, index_t Dvp, float* o, index_t ldo, index_t rows) {
-  const index_t KP = n_steps * kStep / 2, ldw32 = ldw / 2, nblocks = Dvp / kCols;
+  const index_t KP = n_steps * kStep / 2, np = steps * kStep / 2, ldw32 = ldw / 2, nblocks = Dvp / kCols;
   const auto* w32 = reinterpret_cast<const std::uint32_t*>(w);
   const auto* v32 = reinterpret_cast<const std::uint32_t*>(vp);
   index_t r = 0;
-  for (; r + 4 <= rows; r += 4) dot_accumulate_rows<4>(w32 + r * ldw32, ldw32, KP, v32, nblocks, o + r * ldo, ldo);
+  for (; r + 4 <= rows; r += 4)
+    dot_accumulate_rows<4>(w32 + r * ldw32, ldw32, KP, np, v32, nblocks, o + r * ldo, ldo);
   switch (rows - r) {
-    case 3: dot_accumulate_rows<3>(w32 + r * ldw32, ldw32, KP, v32, nblocks, o + r * ldo, ldo); break;
-    case 2: dot_accumulate_rows<2>(w32 + r * ldw32, ldw32, KP, v32, nblocks, o + r * ldo, ldo); break;
-    case 1: dot_accumulate_rows<1>(w32 + r * ldw32, ldw32, KP, v32, nblocks, o + r * ldo, ldo); break;
+    case 3: dot_accumulate_rows<3>(w32 + r * ldw32, ldw32, KP, np, v32, nblocks, o + r * ldo, ldo); break;
+    case 2: dot_accumulate_rows<2>(w32 + r * ldw32, ldw32, KP, np, v32, nblocks, o + r * ldo, ldo); break;
+    case 1: dot_accumulate_rows<1>(w32 + r * ldw32, ldw32, KP, np, v32, nblocks, o + r * ldo, ldo); break;
     default: break;
   }
 }
@@ -598,16 +602,20 @@ inline void scores(Unit unit, const std::uint16_t* q, index_t ldq, index_t Dp, c
 }
 
 /// O += W̃ · V for the rows [0, rows) of a 16-row block (see tile_accumulate)
-/// on `unit` (AMX computes the whole block: W̃'s rows past `rows` must be zeros).
+/// on `unit` (AMX computes the whole block: W̃'s rows past `rows` must be
+/// zeros), over the first `steps` key steps of a tile packed for n_steps
+/// (all of them by default).
 inline void accumulate(Unit unit, const std::uint16_t* w, index_t ldw, index_t n_steps, const std::uint16_t* vp,
-                       index_t Dvp, float* o, index_t ldo, index_t rows) {
+                       index_t Dvp, float* o, index_t ldo, index_t rows, index_t steps = -1) {
+  if (steps < 0) steps = n_steps;
 #if defined(CONTINUUM_CPU_AMX)
-  if (unit == Unit::amx) return tile_accumulate(w, ldw, n_steps, vp, Dvp, o, ldo);
+  if (unit == Unit::amx) return tile_accumulate(w, ldw, n_steps, steps, vp, Dvp, o, ldo);
 #endif
 #if defined(CONTINUUM_CPU_AVX512BF16)
-  if (unit == Unit::avx512bf16) return dot_accumulate(w, ldw, n_steps, vp, Dvp, o, ldo, std::min(rows, kRows));
+  if (unit == Unit::avx512bf16)
+    return dot_accumulate(w, ldw, n_steps, steps, vp, Dvp, o, ldo, std::min(rows, kRows));
 #endif
-  (void)unit, (void)w, (void)ldw, (void)n_steps, (void)vp, (void)Dvp, (void)o, (void)ldo, (void)rows;
+  (void)unit, (void)w, (void)ldw, (void)n_steps, (void)vp, (void)Dvp, (void)o, (void)ldo, (void)rows, (void)steps;
 }
 
 /// Whether `unit` can run here (none always can).

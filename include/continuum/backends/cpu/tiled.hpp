@@ -120,6 +120,7 @@ inline constexpr index_t kBc = 512;  // keys per tile (forward)
 inline constexpr index_t kSplitKeys = 2048;
 static_assert(kSplitKeys % kBc == 0, "a decode chunk holds whole key tiles");
 inline constexpr index_t kBrBwd = 64;   // query rows per tile (backward)
+inline constexpr index_t kHeadCacheBytes = index_t(16) << 20;  // a thread's packed K, V of one head (forward, a unit)
 inline constexpr index_t kBcBwd = 128;  // keys per tile (backward)
 /// Keys per block of the magnitude pass's range maxima (row_eligibility).
 inline constexpr index_t kNormBlock = 128;
@@ -1259,6 +1260,19 @@ struct ForwardWorkspace {
   // The unit's operands, on 64-byte lines (spare_pool.hpp): Q's bits (nr × Dp),
   // the packed K and V tiles (kBc × Dp, kBc × Dvp), W̃ (nr × kBc).
   Buffer<std::uint16_t> qb, kp, vp, wb;
+  // The packed tiles the products read (kp, vp or a head cache's, below),
+  // and the key steps V's tile was packed for (its layout).
+  const std::uint16_t* kpt = nullptr;
+  const std::uint16_t* vpt = nullptr;
+  index_t vsteps = 0;
+  // A head cache (pack_tile_bf16): the tiles of one (batch, KV head),
+  // head_b, head_hk, packed once for this thread's tasks of that head — tile
+  // t at head_kp + t·kBc·Dp and head_vp + t·kBc·Dvp; head_state[t] 0 not
+  // packed yet, 1 packed, 2 packed per task (a NaN or an Inf in it). Empty
+  // when the call does not ask for one.
+  Buffer<std::uint16_t> head_kp, head_vp;
+  std::vector<char> head_state;
+  index_t head_b = -1, head_hk = -1;
   std::vector<T> c, halo, vhalo;
   const T* vh = nullptr;  // the value row of the tile's halo key, in T
   std::vector<char> seen;
@@ -1268,8 +1282,10 @@ struct ForwardWorkspace {
   // widened where it is transposed into kt).
   std::vector<T> vstage;
   /// rows: the most query rows of one task (≤ kBr; a decode step has a few);
-  /// stage: keys and values stored in another type than T.
-  ForwardWorkspace(index_t D, index_t Dv, index_t rows, bf16::Unit on = bf16::Unit::none, bool stage = false)
+  /// stage: keys and values stored in another type than T; head_keys: the
+  /// keys of a head for a head cache (a unit only; 0: none).
+  ForwardWorkspace(index_t D, index_t Dv, index_t rows, bf16::Unit on = bf16::Unit::none, bool stage = false,
+                   index_t head_keys = 0)
       : q(rows, D), kt(D, kBc), m(rows), l(rows), rho(rows), ref(rows), near_key(std::size_t(3 * rows)), carry_key(rows),
         near_w(std::size_t(3 * rows)), carry(rows), range(rows), kb(rows), ke(rows), unit(on) {
     vrow.resize(std::size_t(Dv));
@@ -1292,6 +1308,12 @@ struct ForwardWorkspace {
       halo.resize(std::size_t(nr * bf16::kCols));
       seen.resize(std::size_t(kBc));
       cover.resize(std::size_t(kBc + 1));
+      if (head_keys > 0) {
+        const index_t tiles = (head_keys + kBc - 1) / kBc;
+        head_kp.allocate(std::size_t(tiles * kBc * Dp));
+        head_vp.allocate(std::size_t(tiles * kBc * Dvp));
+        head_state.assign(std::size_t(tiles), char(0));
+      }
     }
     o.resize(nr, on_unit() ? Dvp : Dv);
   }
@@ -1471,20 +1493,68 @@ inline void seen_from_cover(const int* cover, index_t nc, char* seen) {
 /// (AMX computes the whole block, whose rows past nr are zeros).
 inline index_t block_rows(index_t g, index_t nr) { return std::min(bf16::kRows, nr - g); }
 
-/// Packs the key and value tile [k0, k0 + nc) for the unit's products (keys
-/// that no row of the task sees are zeros: their data is never loaded), and
-/// points ws.vh at the value row of key k0 − 1 in float (the halo's P·V term).
+/// Whether no element of a packed tile is a NaN or an Inf (bfloat16 bits:
+/// exponent all ones).
+inline bool packed_finite(const std::uint16_t* p, index_t n) {
+  std::uint16_t bad = 0;
+#pragma omp simd reduction(| : bad)
+  for (index_t i = 0; i < n; ++i) bad |= std::uint16_t((p[i] & 0x7f80u) == 0x7f80u);
+  return bad == 0;
+}
+
+/// Points ws.kpt and ws.vpt at the key and value tile [k0, k0 + nc) packed
+/// for the unit's products, and ws.vh at the value row of key k0 − 1 in
+/// float (the halo's P·V term). With a head cache (ws.head_state) the tile is
+/// the thread's copy of the whole tile [k0, min(k0 + kBc, Lk)), packed once
+/// for all its tasks of that head when every element of it is finite: keys
+/// some rows of a task do not see then add 0 · v to their sums (exactly
+/// nothing: v is finite; a zero's sign aside, which write_row does not keep)
+/// and their scores are never read. Else the task's own: keys that no row of
+/// the task sees are zeros, their data never loaded (a NaN or an Inf there,
+/// seen by rows of other tasks only, must not reach these rows' 0 · v).
 template <class T, class S>
 void pack_tile_bf16(const Stored<S>& io, index_t b, index_t hk, index_t k0, index_t nc, index_t nr, index_t ncp,
                     ForwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
-    std::fill(ws.cover.begin(), ws.cover.begin() + nc + 1, 0);
-    add_cover(ws.range.data(), nr, k0, nc, ws.cover.data());
-    seen_from_cover(ws.cover.data(), nc, ws.seen.data());
-    bf16::pack_keys(io.key.row(b, hk, k0), io.key.stride_seq, nc, io.key.dim, ws.Dp, ws.seen.data(),
-                    ncp / bf16::kCols, ws.kp.data());
-    bf16::pack_values(io.value.row(b, hk, k0), io.value.stride_seq, nc, io.value.dim, ws.Dvp, ws.seen.data(),
-                      round_up(nc, bf16::kStep) / bf16::kStep, ws.vp.data());
+    const index_t D = io.key.dim, Dv = io.value.dim;
+    bool cached = false;
+    if (!ws.head_state.empty()) {
+      if (b != ws.head_b || hk != ws.head_hk) {
+        std::fill(ws.head_state.begin(), ws.head_state.end(), char(0));
+        ws.head_b = b;
+        ws.head_hk = hk;
+      }
+      const index_t t = k0 / kBc, n = std::min(kBc, io.key.seq - k0);
+      const index_t kb = round_up(n, bf16::kCols) / bf16::kCols, steps = round_up(n, bf16::kStep) / bf16::kStep;
+      std::uint16_t* kp = ws.head_kp.data() + t * kBc * ws.Dp;
+      std::uint16_t* vp = ws.head_vp.data() + t * kBc * ws.Dvp;
+      char& state = ws.head_state[std::size_t(t)];
+      if (state == 0) {
+        std::fill(ws.seen.begin(), ws.seen.begin() + n, char(1));
+        bf16::pack_keys(io.key.row(b, hk, k0), io.key.stride_seq, n, D, ws.Dp, ws.seen.data(), kb, kp);
+        bf16::pack_values(io.value.row(b, hk, k0), io.value.stride_seq, n, Dv, ws.Dvp, ws.seen.data(), steps, vp);
+        state = packed_finite(kp, kb * bf16::kCols * ws.Dp) && packed_finite(vp, steps * bf16::kStep * ws.Dvp)
+                    ? 1 : 2;
+      }
+      if (state == 1) {
+        ws.kpt = kp;
+        ws.vpt = vp;
+        ws.vsteps = steps;
+        cached = true;
+      }
+    }
+    if (!cached) {
+      std::fill(ws.cover.begin(), ws.cover.begin() + nc + 1, 0);
+      add_cover(ws.range.data(), nr, k0, nc, ws.cover.data());
+      seen_from_cover(ws.cover.data(), nc, ws.seen.data());
+      bf16::pack_keys(io.key.row(b, hk, k0), io.key.stride_seq, nc, D, ws.Dp, ws.seen.data(), ncp / bf16::kCols,
+                      ws.kp.data());
+      ws.vsteps = round_up(nc, bf16::kStep) / bf16::kStep;
+      bf16::pack_values(io.value.row(b, hk, k0), io.value.stride_seq, nc, Dv, ws.Dvp, ws.seen.data(), ws.vsteps,
+                        ws.vp.data());
+      ws.kpt = ws.kp.data();
+      ws.vpt = ws.vp.data();
+    }
     ws.vh = nullptr;
     if (k0 > 0) {
       const S* v = io.value.row(b, hk, k0 - 1);
@@ -1505,7 +1575,7 @@ void scores_bf16(index_t g0, index_t g1, index_t nr, index_t j0, index_t j1, For
   if constexpr (kBf16<T>) {
     const index_t lds = ws.s.stride();
     for (index_t g = g0; g < g1 && g < nr; g += bf16::kRows)
-      bf16::scores(ws.unit, ws.qb.data() + g * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), j0 / bf16::kCols,
+      bf16::scores(ws.unit, ws.qb.data() + g * ws.Dp, ws.Dp, ws.Dp, ws.kpt, j0 / bf16::kCols,
                    (j1 + bf16::kCols - 1) / bf16::kCols, ws.s.data() + g * lds + 1 + j0, lds, block_rows(g, nr));
   }
 }
@@ -1535,14 +1605,14 @@ void weights_bf16(index_t Dv, index_t ce0, index_t cv1, index_t r, index_t n_col
 }
 
 /// O += W̃ · V for rows [g0, g1) (whole 16-row blocks; nr rows in all) over
-/// n_steps key steps.
+/// the tile's first `steps` key steps.
 template <class T>
-void accumulate_bf16(index_t g0, index_t g1, index_t nr, index_t n_steps, ForwardWorkspace<T>& ws) {
+void accumulate_bf16(index_t g0, index_t g1, index_t nr, index_t steps, ForwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
     const index_t ldo = ws.o.cols();
     for (index_t g = g0; g < g1 && g < nr; g += bf16::kRows)
-      bf16::accumulate(ws.unit, ws.wb.data() + g * kBc, kBc, n_steps, ws.vp.data(), ws.Dvp, ws.o.data() + g * ldo,
-                       ldo, block_rows(g, nr));
+      bf16::accumulate(ws.unit, ws.wb.data() + g * kBc, kBc, ws.vsteps, ws.vpt, ws.Dvp, ws.o.data() + g * ldo, ldo,
+                       block_rows(g, nr), steps);
   }
 }
 
@@ -1972,6 +2042,14 @@ void forward_tiled(const ForwardArgs<T>& a, const Stored<S>& io, double scale, c
   constexpr bool staged = !std::is_same<S, T>::value;
   constexpr bool unit_reads_s = std::is_same<S, T>::value || std::is_same<S, bfloat16>::value;
   if (!kBf16<T> || !unit_reads_s || D == 0 || Dv == 0 || !bf16::usable(unit)) unit = bf16::Unit::none;
+  // A unit's head cache (pack_tile_bf16) where a head has several tasks (row
+  // blocks), up to kHeadCacheBytes of packed tiles per thread.
+  index_t head_keys = 0;
+  if (unit != bf16::Unit::none && nqb > 1) {
+    const index_t tiles = (Lk + kBc - 1) / kBc;
+    const double bytes = double(tiles * kBc) * double(round_up(D, bf16::kStep) + round_up(Dv, bf16::kCols)) * 2;
+    if (bytes <= double(kHeadCacheBytes)) head_keys = Lk;
+  }
   const index_t rejected = row_eligibility<T, S>(io.query, io.key, io.value, nullptr, a.visibility, a.temperature,
                                                  scale, threads, subset, ok, unit != bf16::Unit::none);
   if (ntasks == 0) return;
@@ -1982,7 +2060,7 @@ void forward_tiled(const ForwardArgs<T>& a, const Stored<S>& io, double scale, c
   {
     const CallerFloatModes::Adopt in_caller_modes(modes);
     serial_eigen_in_this_region();
-    ForwardWorkspace<T> ws(D, Dv, task_rows, unit, staged);
+    ForwardWorkspace<T> ws(D, Dv, task_rows, unit, staged, head_keys);
     ws.accuracy = accuracy;
     ws.stats = stats;
     std::optional<bf16::TileScope> tiles;  // this thread's tile configuration, the caller's restored at the end
