@@ -58,11 +58,13 @@
 // tiles or AVX512-BF16 vectors, where the CPU has one): the forward's S and
 // P·V and the backward's S and dP products run on it (bf16_products.hpp,
 // MATH.md §10, "bfloat16 products"), the rest as above.
-// 16-bit keys and values (Stored<S>, S = bfloat16 or float16) are read by
-// the forward in their storage type, so that a decode step never copies its
-// whole KV cache to float: a key tile is widened in registers (exactly) as it
-// is transposed, a value tile into the workspace, and the magnitude pass
-// widens in registers too; the products see the same floats.
+// 16-bit queries, keys and values (Stored<S>, S = bfloat16 or float16) are
+// read by the forward in their storage type, and its output written there,
+// so that a decode step never copies its whole KV cache to float: a query row
+// is widened where it is scaled, a key tile in registers (exactly) as it is
+// transposed, a value tile into the workspace, the magnitude pass widens in
+// registers too, and each output row is rounded once where it is finished;
+// the products see the same floats.
 //
 // GQA: query head h reads key/value head h / (Hq / Hk) through the views, no copy.
 // OpenMP: one parallel region per call, never nested (serial when called from
