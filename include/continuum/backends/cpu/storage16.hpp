@@ -86,7 +86,7 @@ inline void convert_n(const S* src, D* dst, index_t n) {
       const U rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
       const U quiet_nan = ((u >> 16) & 0x8000u) | 0x7fc0u;
       const H h = __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded, H);
-      std::memcpy(dst + i, &h, sizeof h);
+      std::memcpy(static_cast<void*>(dst + i), &h, sizeof h);
     }
   }
 #endif
