@@ -11,8 +11,6 @@
 // are float (accum_t, config.hpp), and a call computes in float.
 #pragma once
 
-#include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include <Eigen/Core>
@@ -50,12 +48,9 @@ namespace cpu_detail {
 /// avx2 and avx512 kernels have; bfloat16 → float eight at a time with SSE2,
 /// which every x86-64 has: each 16-bit pattern becomes the high half of a
 /// float whose low half is zero — the same values as Eigen's scalar
-/// conversion, which does the rest, NaN payloads included; float → bfloat16
-/// eight at a time in integer lanes (GCC/Clang vectors), Eigen's scalar
-/// rounding step for step: bits + 0x7fff + the kept lsb, the high half; NaN
-/// the quiet NaN of its sign. A 16-bit call's conversions would otherwise
-/// cost as much as a fifth of a forward, and a bfloat16 decode step widens
-/// its whole KV cache: docs/PERFORMANCE.md).
+/// conversion, which does the rest, NaN payloads included; a 16-bit call's
+/// conversions would otherwise cost as much as a fifth of a forward, and a
+/// bfloat16 decode step widens its whole KV cache: docs/PERFORMANCE.md).
 template <class D, class S>
 inline void convert_n(const S* src, D* dst, index_t n) {
   index_t i = 0;
@@ -75,20 +70,6 @@ inline void convert_n(const S* src, D* dst, index_t n) {
     for (; i + 8 <= n; i += 8)
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
                        _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-#endif
-#if defined(__GNUC__)
-  if constexpr (std::is_same<S, float>::value && std::is_same<D, bfloat16>::value) {
-    typedef std::uint32_t U __attribute__((vector_size(32)));
-    typedef std::uint16_t H __attribute__((vector_size(16)));
-    for (; i + 8 <= n; i += 8) {
-      U u;
-      std::memcpy(&u, src + i, sizeof u);
-      const U rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-      const U quiet_nan = ((u >> 16) & 0x8000u) | 0x7fc0u;
-      const H h = __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded, H);
-      std::memcpy(static_cast<void*>(dst + i), &h, sizeof h);
-    }
-  }
 #endif
   for (; i < n; ++i) dst[i] = D(src[i]);
 }
