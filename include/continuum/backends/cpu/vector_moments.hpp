@@ -45,7 +45,9 @@
 // below the normal range (x < -87.34 / -708.40) instead of a subnormal, so the
 // kernels never produce denormals from exp (MATH.md §10 "underflow flush"; appendix A, W11).
 // Relative error ≤ 2 ulp on the rest (Cephes expf polynomial for float, degree-13
-// Taylor on |r| ≤ ln2/2 for double). NaN is not propagated (callers mask).
+// Taylor on |r| ≤ ln2/2 for double). NaN is not propagated (callers mask). The
+// vector form scales by 2^n with one vscalefps/vscalefpd where there is AVX-512
+// (the same values as the exponent-bits product).
 #pragma once
 
 #include <cmath>
@@ -280,7 +282,6 @@ struct VectorOps {
       constexpr float kLog2e = 1.44269504088896341f;
       constexpr float kMagic = 12582912.0f;
       constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-      const VI under = x < -87.3365447505531f;
       const V t = x * kLog2e + kMagic;
       const V n = t - kMagic;
       V r = x - n * kLn2Hi;
@@ -292,17 +293,11 @@ struct VectorOps {
       p = p * r + 1.6666665459e-1f;
       p = p * r + 5.0000001201e-1f;
       const V y = (p * (r * r) + r) + 1.0f;
-      typedef std::uint32_t VU __attribute__((vector_size(sizeof(V))));
-      constexpr std::int32_t kTop = __builtin_bit_cast(std::int32_t, kMagic) + 127;
-      VI e = (VI)t;
-      e = e > kTop ? kTop : e;
-      const V scale = (V)((VU)(e + 127) << 23);
-      return under ? V{} : y * scale;
+      return scale_by_exponent(y, t, n, x);
     } else {
       constexpr double kLog2e = 1.4426950408889634074;
       constexpr double kMagic = 6755399441055744.0;
       constexpr double kLn2Hi = 6.93147180369123816490e-01, kLn2Lo = 1.90821492927058770002e-10;
-      const VI under = x < -708.39641853226408;
       const V t = x * kLog2e + kMagic;
       const V n = t - kMagic;
       V r = x - n * kLn2Hi;
@@ -320,12 +315,42 @@ struct VectorOps {
       p = p * r + 1.0 / 6.0;
       p = p * r + 0.5;
       const V y = (p * (r * r) + r) + 1.0;
-      typedef std::uint64_t VU __attribute__((vector_size(sizeof(V))));
-      constexpr std::int64_t kTop = __builtin_bit_cast(std::int64_t, kMagic) + 1023;
+      return scale_by_exponent(y, t, n, x);
+    }
+  }
+
+  /// y · 2^n for exp_clamped: n (integral) from t = x·log2(e) +
+  /// kMagic, whose low bits hold it; 2^n saturates at 2^127 (2^1023); 0 where
+  /// x is below the normal range (x < −87.34 / −708.40). AVX-512: one
+  /// vscalefps (vscalefpd) with n clamped and the lanes masked (the same
+  /// values: both scale exactly, then round once).
+  static V scale_by_exponent(V y, V t, V n, V x) {
+    constexpr T kUnder = kFloat ? T(-87.3365447505531) : T(-708.39641853226408);
+#  if defined(__AVX512F__)
+    if constexpr (kSimdBytes == 64) {
+      (void)t;
+      if constexpr (kFloat)
+        return (V)_mm512_maskz_scalef_ps(_mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(kUnder), _CMP_NLT_UQ),
+                                         (__m512)y, _mm512_min_ps((__m512)n, _mm512_set1_ps(127.0f)));
+      else
+        return (V)_mm512_maskz_scalef_pd(_mm512_cmp_pd_mask((__m512d)x, _mm512_set1_pd(kUnder), _CMP_NLT_UQ),
+                                         (__m512d)y, _mm512_min_pd((__m512d)n, _mm512_set1_pd(1023.0)));
+    }
+#  endif
+    (void)n;
+    const VI under = x < kUnder;
+    if constexpr (kFloat) {
+      typedef std::uint32_t VU __attribute__((vector_size(sizeof(V))));
+      constexpr std::int32_t kTop = __builtin_bit_cast(std::int32_t, 12582912.0f) + 127;
       VI e = (VI)t;
       e = e > kTop ? kTop : e;
-      const V scale = (V)((VU)(e + 1023) << 52);
-      return under ? V{} : y * scale;
+      return under ? V{} : y * (V)((VU)(e + 127) << 23);
+    } else {
+      typedef std::uint64_t VU __attribute__((vector_size(sizeof(V))));
+      constexpr std::int64_t kTop = __builtin_bit_cast(std::int64_t, 6755399441055744.0) + 1023;
+      VI e = (VI)t;
+      e = e > kTop ? kTop : e;
+      return under ? V{} : y * (V)((VU)(e + 1023) << 52);
     }
   }
 
