@@ -25,16 +25,21 @@
 // derivative term and Z⁻¹ (≤ 2ε, relative, for each of P and dS, ≤ 4ε for the
 // summand), amplified by at most 3 where dP − Dl cancels (the float argument of
 // harness.hpp's backward_tolerance): 12ε of each gradient's max-abs. Softmax
-// and focal have no such stencil (e^s is float's), Compute::float64 keeps the
-// double stencil, and float16 keeps float's (12ε = 1.5 · 2^-11 would exceed
-// its rounding): their bounds have no such term.
+// and focal have no such stencil (e^s is float's) except on a bfloat16 unit,
+// below; Compute::float64 keeps the double stencil, and float16 keeps float's
+// (12ε = 1.5 · 2^-11 would exceed its rounding): their bounds have no such term.
 //
 // On a bfloat16 unit (cpu_dispatch's "avx512bf16" and "amx",
 // backends/cpu/bf16_products.hpp) the forward's P·V product takes the weights rounded to bfloat16, W̃_j = W_j (1 + δ_j) with
 // |δ_j| ≤ u, while l = Σ W_j stays float: the output moves by at most
 // |Σ_j W_j δ_j v_j| / l ≤ u · max_j |v_j|, one more u · max|v| in absolute
 // terms. (Q·K's products are exact in float; the sum and c_i ⊗ S_raw have the
-// float bound's form.) The backward's score products S and dP take bfloat16
+// float bound's form.) There softmax's and focal's weights e^{s−m} are
+// evaluated to bfloat16's accuracy too (vector_moments.hpp, exp_bf16: relative
+// error ≤ 6e-6 < ε, test_vector_moments.cpp), W_j (1 + η_j) in W̃ and in l
+// alike: the continuum stencil's argument with the same ε, so the same 2ε ·
+// max|v| (out), ε (lse) and 12ε (the backward, through lse and the row
+// statistics) apply. The backward's score products S and dP take bfloat16
 // inputs (exact products, another order of summation: the float bound), and
 // its three accumulations take P, c_i·dS and dS rounded to bfloat16, each term
 // (1 + δ), |δ| ≤ u, beside operands that are bfloat16 already (dO, q, k):
@@ -356,8 +361,8 @@ TEMPLATE_TEST_CASE("16-bit storage: forward and backward within one rounding of 
     c.compute = in_double ? continuum::Compute::float64 : continuum::Compute::automatic;
     // A bfloat16 unit (float compute only): one more u · max|v| from W̃ (header).
     const double unit_out = !in_double && bf16 && on_bf16_unit() ? u * max_abs_of(c.v) : 0.0;
-    // The bf16-accuracy stencil (bfloat16, continuum, float compute only; header).
-    const double eps_stencil = bf16 && !in_double && kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
+    // The bf16-accuracy stencil (bfloat16, float compute: continuum; on a unit, softmax's e^s too; header).
+    const double eps_stencil = bf16 && !in_double && (kernel == 0 || unit_out > 0) ? std::ldexp(1.0, -14) : 0.0;
     const double stencil_out = 2 * eps_stencil * max_abs_of(c.v), stencil_grad = 12 * eps_stencil;
     Call16<S> x(c);
     std::vector<float> lse, dtau;
@@ -555,8 +560,8 @@ TEST_CASE("bfloat16 units: concentrated attention, decode rows, a split KV cache
   const auto& g = ref.g;
   const GradTermScales& terms = ref.terms;
   const double u = std::ldexp(1.0, -8);
-  // The bf16-accuracy stencil's terms (continuum only; see the header).
-  const double eps_stencil = kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
+  // The bf16-accuracy stencil's terms (on a unit, softmax's e^s too; see the header).
+  const double eps_stencil = std::ldexp(1.0, -14);
   for (const auto unit : units.list) {
     units.select(unit);
     const bool tiles = units.is_amx(unit);
@@ -801,7 +806,7 @@ TEST_CASE("bfloat16 units: operands small enough for the unit to flush go withou
   const auto& f = ref.f;
   const auto& g = ref.g;
   const GradTermScales& terms = ref.terms;
-  const double u = std::ldexp(1.0, -8), eps_stencil = kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
+  const double u = std::ldexp(1.0, -8), eps_stencil = std::ldexp(1.0, -14);
   const double max_s = max_abs(f.scores);
   for (const auto unit : units.list) {
     units.select(unit);
@@ -846,7 +851,7 @@ TEST_CASE("bfloat16 units: values with a common offset leave δ's error relative
   const auto& f = ref.f;
   const auto& g = ref.g;
   const GradTermScales& terms = ref.terms;
-  const double u = std::ldexp(1.0, -8), eps_stencil = kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
+  const double u = std::ldexp(1.0, -8), eps_stencil = std::ldexp(1.0, -14);
   const double max_s = max_abs(f.scores);
   for (const auto unit : units.list) {
     units.select(unit);
@@ -919,7 +924,7 @@ TEST_CASE("bfloat16 units: a backward whose P or dS is a bfloat16 denormal, or w
   const auto& f = ref.f;
   const auto& g = ref.g;
   const GradTermScales& terms = ref.terms;
-  const double u = std::ldexp(1.0, -8), eps_stencil = kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
+  const double u = std::ldexp(1.0, -8), eps_stencil = std::ldexp(1.0, -14);
   const double btol = backward_tolerance<float>(max_abs(f.scores), c.D);
   for (const auto unit : units.list) {
     units.select(unit);
@@ -1146,7 +1151,7 @@ TEST_CASE("bfloat16 units: a decode step over a split KV cache (GQA, chunk halos
   c.fill_uniform(rng, -2, 2);
   round_inputs(c);
   const auto f = continuum::reference::forward(c.problem<double>());
-  const double u = std::ldexp(1.0, -8), eps_stencil = kernel == 0 ? std::ldexp(1.0, -14) : 0.0;
+  const double u = std::ldexp(1.0, -8), eps_stencil = std::ldexp(1.0, -14);
   for (const auto unit : units.list) {
     units.select(unit);
     INFO("bfloat16" << unit_label() << " kernel " << kernel << " window " << window);

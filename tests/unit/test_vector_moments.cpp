@@ -201,6 +201,46 @@ TEMPLATE_TEST_CASE("vector exp matches expl and flushes below the normal range",
   for (int l = 0; l < W; ++l) CHECK(y[l] == T(0));
   CHECK(exp_clamped(-std::numeric_limits<T>::infinity()) == T(0));
 }
+
+// exp_bf16 (softmax's weights on a bfloat16 unit, rounded to bfloat16 for P·V; MATH.md
+// §10): exp_clamped's reduction with a degree-4 e^r. Budget 2^-14 relative (the
+// bfloat16 stencil's ε); the fit's own error is 5.3e-6 on |r| ≤ ln2/2, plus
+// Horner's and the reduction's few float ulps (~3e-7): held to 6e-6. At 0 it is
+// exactly 1 (the reference key's weight, held apart as 1: tiled.hpp), and below
+// the normal range exactly 0, as exp_clamped.
+TEST_CASE("vector exp_bf16 within its bound, 1 at 0, 0 below the normal range", "[vector_moments]") {
+  using V = Simd<float>::v;
+  constexpr int W = Simd<float>::W;
+  std::vector<float> xs = {0.0f, -1e-30f, -0.5f, -1.0f, -10.0f, -87.3f, 1.0f, 10.0f, 60.0f, -0.3465736f, 0.3465736f};
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> u(-87.3, 0.0);
+  for (int k = 0; k < 20000; ++k) xs.push_back(float(u(rng)));
+  std::uniform_real_distribution<double> near(-3.0, 0.0);  // the weights that matter most
+  for (int k = 0; k < 20000; ++k) xs.push_back(float(near(rng)));
+  while (xs.size() % W) xs.push_back(0.0f);
+  double worst = 0, worst_x = 0;
+  for (std::size_t i = 0; i < xs.size(); i += W) {
+    V x;
+    for (int l = 0; l < W; ++l) x[l] = xs[i + std::size_t(l)];
+    const V y = VectorOps<float>::exp_bf16(x);
+    for (int l = 0; l < W; ++l) {
+      const double want = std::exp(double(x[l]));
+      const double e = std::abs(double(y[l]) - want) / want;
+      if (e > worst) {
+        worst = e;
+        worst_x = double(x[l]);
+      }
+    }
+  }
+  std::printf("[vector_moments] float  exp_bf16 max relative error %.3g (x=%g)\n", worst, worst_x);
+  CHECK(worst <= 6e-6);
+  CHECK(worst <= std::ldexp(1.0, -14));
+  V x{};
+  CHECK(VectorOps<float>::exp_bf16(x)[0] == 1.0f);
+  for (int l = 0; l < W; ++l) x[l] = float(-87.34 - l);
+  const V y = VectorOps<float>::exp_bf16(x);
+  for (int l = 0; l < W; ++l) CHECK(y[l] == 0.0f);
+}
 #endif
 
 // StencilAccuracy::bf16 (bfloat16 storage computed in float; vector_moments.hpp,

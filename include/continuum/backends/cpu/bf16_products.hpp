@@ -550,24 +550,43 @@ CONTINUUM_DPBF16_FN bool round_pairs(const float* x0, float s0, index_t a0, inde
   return small != 0;
 }
 
-/// One row for the unit (A of O += W̃·V and of dQ): out[c] = bits_rounded(x[c])
-/// for c in [lo, hi) and 0 for the other c in [0, n) (n a multiple of 32; x
-/// is read only in [lo, hi)), on vcvtne2ps2bf16. Where rho is not null,
-/// *rho += Σ (bfloat16 value − x[c]) over [lo, hi), in float lanes and one
-/// tree sum. Returns whether some x[c] there is flushed().
+/// round_row's default weight: x itself (the lanes outside the mask hold 0).
+struct SameLanes {
+  __m512 operator()(__m512 x, __mmask16) const { return x; }
+};
+
+/// One row for the unit (A of O += W̃·V and of dQ): out[c] = bits_rounded(y[c])
+/// for c in [lo, hi) other than `skip`, and 0 for the other c in [0, n) (n a
+/// multiple of 32; x is read only there), on vcvtne2ps2bf16. y = x, or
+/// weight(x, k) 16 lanes at a time (lanes outside the mask k: x = 0 and y must
+/// be 0): softmax's weights are formed here from the scores. Where rho is not
+/// null, *rho += Σ (bfloat16 value − y[c]) over those c, in float lanes and one
+/// tree sum; where sum is not null, *sum = Σ y[c] over them, the same way.
+/// Returns whether some y[c] there is flushed() (with kFlushed; else false).
+template <bool kFlushed = true, class F = SameLanes>
 CONTINUUM_DPBF16_FN bool round_row(const float* x, index_t lo, index_t hi, index_t n, std::uint16_t* out,
-                                   float* rho) {
+                                   float* rho, F&& weight = {}, float* sum = nullptr, index_t skip = -1) {
   __mmask16 small = 0;
-  __m512 diff = _mm512_setzero_ps();
+  __m512 diff = _mm512_setzero_ps(), acc = _mm512_setzero_ps();
   // Whole steps of 32 inside [lo, hi), [u0, u1), take no masks.
   const index_t u0 = std::min((lo + 31) / 32 * 32, n), u1 = std::max(u0, hi / 32 * 32);
+  const index_t skip_step = skip >= 0 ? skip / 32 * 32 : -1;
   for (index_t c = 0; c < n; c += 32) {
-    const bool all = c >= u0 && c < u1;
-    const __m512 y0 = _mm512_maskz_loadu_ps(all ? __mmask16(0xffff) : column_lanes(c, lo, hi), x + c);
-    const __m512 y1 = _mm512_maskz_loadu_ps(all ? __mmask16(0xffff) : column_lanes(c + 16, lo, hi), x + c + 16);
-    small |= flushed_lanes(y0) | flushed_lanes(y1);
+    const bool all = c >= u0 && c < u1 && c != skip_step;
+    __mmask16 k0 = all ? __mmask16(0xffff) : column_lanes(c, lo, hi);
+    __mmask16 k1 = all ? __mmask16(0xffff) : column_lanes(c + 16, lo, hi);
+    if (c == skip_step) {
+      if (skip < c + 16)
+        k0 &= __mmask16(~(1u << (skip - c)));
+      else
+        k1 &= __mmask16(~(1u << (skip - c - 16)));
+    }
+    const __m512 y0 = weight(_mm512_maskz_loadu_ps(k0, x + c), k0);
+    const __m512 y1 = weight(_mm512_maskz_loadu_ps(k1, x + c + 16), k1);
+    if constexpr (kFlushed) small |= flushed_lanes(y0) | flushed_lanes(y1);
     const __m512i h = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(y1, y0));  // y0's 16 bits, then y1's
     _mm512_storeu_si512(out + c, h);
+    if (sum) acc = _mm512_add_ps(acc, _mm512_add_ps(y0, y1));
     if (rho) {
       const __m512 r0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
       const __m512 r1 =
@@ -576,6 +595,7 @@ CONTINUUM_DPBF16_FN bool round_row(const float* x, index_t lo, index_t hi, index
     }
   }
   if (rho) *rho += _mm512_reduce_add_ps(diff);
+  if (sum) *sum = _mm512_reduce_add_ps(acc);
   return small != 0;
 }
 
@@ -584,7 +604,10 @@ inline bool avx512bf16_usable() { return false; }
 // Declared only: their callers run where kBf16 holds (tiled.hpp), i.e. here.
 bool round_pairs(const float* x0, float s0, index_t a0, index_t b0, const float* x1, float s1, index_t a1,
                  index_t b1, index_t n, std::uint32_t* w);
-bool round_row(const float* x, index_t lo, index_t hi, index_t n, std::uint16_t* out, float* rho);
+struct SameLanes {};
+template <bool kFlushed = true, class F = SameLanes>
+bool round_row(const float* x, index_t lo, index_t hi, index_t n, std::uint16_t* out, float* rho, F&& weight = {},
+               float* sum = nullptr, index_t skip = -1);
 #endif  // CONTINUUM_CPU_AVX512BF16
 
 /// S_raw for the query rows [0, rows) of a 16-row block (see tile_scores) on

@@ -808,19 +808,21 @@ inline T row_max(T* s, index_t c0, index_t c1, T scale = T(1)) {
   return m;
 }
 
-/// The first c in [c0, c1) with s[c] == v; c1 when there is none. (Where a row
-/// maximum is: whole vectors compared at once, the lane from the mask.)
-template <class T>
-inline index_t row_find(const T* s, index_t c0, index_t c1, T v) {
+/// The first c in [c0, c1) with s[c] == v (kScale: scale ⊗ s[c] == v); c1 when
+/// there is none. (Where a row maximum is: whole vectors compared at once, the
+/// lane from the mask.)
+template <bool kScale = false, class T>
+inline index_t row_find(const T* s, index_t c0, index_t c1, T v, T scale = T(1)) {
   index_t c = c0;
 #if defined(CONTINUUM_CPU_SIMD)
   if constexpr (kVector<T>) {
     using S = Simd<T>;
     for (; c + S::W <= c1; c += S::W)
-      if (const unsigned lanes = equal_lanes<T>(S::load(s + c), v)) return c + index_t(__builtin_ctz(lanes));
+      if (const unsigned lanes = equal_lanes<T>(kScale ? S::load(s + c) * scale : S::load(s + c), v))
+        return c + index_t(__builtin_ctz(lanes));
   }
 #endif
-  while (c < c1 && !(s[c] == v)) ++c;
+  while (c < c1 && !((kScale ? s[c] * scale : s[c]) == v)) ++c;
   return c;
 }
 
@@ -1601,8 +1603,36 @@ void weights_bf16(index_t Dv, index_t ce0, index_t cv1, index_t r, index_t n_col
     }
     // Column cc ≥ 1 of the score tile is key cc − 1 of the tile.
     const index_t c0 = std::max<index_t>(ce0, 1);
-    bf16::round_row(wr + 1, c0 - 1, cv1 - 1, n_cols, ws.wb.data() + r * kBc, ws.stats ? &ws.rho[r] : nullptr);
+    bf16::round_row<false>(wr + 1, c0 - 1, cv1 - 1, n_cols, ws.wb.data() + r * kBc, ws.stats ? &ws.rho[r] : nullptr);
   }
+}
+
+/// Softmax's (and focal's) weights of row r on a unit, from the tile's raw
+/// scores (sr: S_raw, not scaled in place; m from c_i ⊗ max S_raw): W = e^{c_i ⊗
+/// s − m} of the columns [cv0, cv1) but `skip`, to bfloat16's accuracy (the
+/// weights are rounded to bfloat16 for P·V: VectorOps::exp_bf16, MATH.md §10,
+/// "bfloat16 products"), rounded to W̃ into row r of ws.wb (its n_cols columns,
+/// 0 where the row sees no key) and summed in the same pass (bf16::round_row),
+/// Σ (W̃ − W) into ws.rho with row statistics. skip (−1: none) is the
+/// reference key's column, whose term is held apart (near_w). Returns Σ W.
+template <class T>
+T softmax_weights_bf16(const T* sr, index_t cv0, index_t cv1, index_t skip, index_t r, index_t n_cols, T m,
+                       ForwardWorkspace<T>& ws) {
+  T sum = T(0);
+#if defined(CONTINUUM_CPU_AVX512BF16)
+  if constexpr (kBf16<T>) {
+    using V = Simd<float>::v;
+    const T c = ws.c[std::size_t(r)];
+    // Column cc ≥ 1 of the score tile is key cc − 1 of the tile.
+    bf16::round_row<false>(
+        sr + 1, cv0 - 1, cv1 - 1, n_cols, ws.wb.data() + r * kBc, ws.stats ? &ws.rho[r] : nullptr,
+        [&](__m512 y, __mmask16 k) {
+          return _mm512_maskz_mov_ps(k, (__m512)VectorOps<float>::exp_bf16((V)y * c - m));
+        },
+        &sum, skip - 1);
+  }
+#endif
+  return sum;
 }
 
 /// O += W̃ · V for rows [g0, g1) (whole 16-row blocks; nr rows in all) over
@@ -1854,10 +1884,15 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
         T* sr = ws.s.row(r);
         // Tile columns of the visible keys: [cv0, cv1).
         const index_t cv0 = vlo - key0, cv1 = vhi - key0;
-        // A unit: S = c_i ⊗ S_raw, in the same pass (the halo column is scaled already).
+        // A unit: S = c_i ⊗ S_raw, in the same pass (the halo column is scaled
+        // already); softmax's S_raw is read as it is (c_i > 0 and rounding is
+        // monotone: max c_i ⊗ s = c_i ⊗ max s).
+        const bool raw = !Stencil::has_halo && ws.on_unit();
+        const T ci = ws.on_unit() ? ws.c[std::size_t(r)] : T(1);
         const T m_old = ws.m[r];
-        const T f = detail::raise_row_max(
-            ws.m[r], ws.on_unit() ? row_max<true>(sr, cv0, cv1, ws.c[std::size_t(r)]) : row_max(sr, cv0, cv1));
+        const T f = detail::raise_row_max(ws.m[r], raw           ? ci * row_max(sr, cv0, cv1)
+                                                   : ws.on_unit() ? row_max<true>(sr, cv0, cv1, ci)
+                                                                  : row_max(sr, cv0, cv1));
         if (f != T(1)) {
           ws.l[r] *= f;
           ws.rho[r] *= f;
@@ -1868,6 +1903,20 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
           ws.carry[r] *= f;
         }
         const T m = ws.m[r];
+        if (raw) {
+          // Softmax on a unit: the reference key (a new maximum, first where it
+          // is) moves first, so that the one pass of its weights leaves its
+          // term out: e^0 = 1, held apart as take_near_keys does.
+          index_t skip = -1;
+          if (m > m_old) {
+            skip = row_find<true>(sr, cv0, cv1, m, ci);
+            move_reference<Stencil>(io, b, hk, r, key0 + skip, ws);
+            ws.near_key[std::size_t(3 * r + 1)] = key0 + skip;
+            ws.near_w[std::size_t(3 * r + 1)] = T(1);
+          }
+          ws.l[r] += softmax_weights_bf16(sr, cv0, cv1, skip, r, round_up(nc, bf16::kStep), m, ws);
+          continue;
+        }
         // The halo (column cv0 - 1) takes part when that key is visible too.
         const index_t ce0 = (Stencil::has_halo && vlo - 1 >= lo) ? cv0 - 1 : cv0;
         // When the row goes on past this tile, its last key's right-hand

@@ -47,7 +47,8 @@
 // Relative error ≤ 2 ulp on the rest (Cephes expf polynomial for float, degree-13
 // Taylor on |r| ≤ ln2/2 for double). NaN is not propagated (callers mask). The
 // vector form scales by 2^n with one vscalefps/vscalefpd where there is AVX-512
-// (the same values as the exponent-bits product).
+// (the same values as the exponent-bits product). exp_bf16: the same with e^r of
+// degree 4, relative error ≤ 6e-6 (softmax's weights on a bfloat16 unit).
 #pragma once
 
 #include <cmath>
@@ -319,7 +320,30 @@ struct VectorOps {
     }
   }
 
-  /// y · 2^n for exp_clamped: n (integral) from t = x·log2(e) +
+  /// e^x to bfloat16's accuracy, for softmax's weights on a bfloat16 unit
+  /// (rounded to bfloat16 for P·V; MATH.md §10): exp_clamped with e^r on |r| ≤ ln2/2
+  /// of degree 4 (1 + r + 0.50005114 r² + 0.16753516 r³ + 0.041277777 r⁴,
+  /// a weighted least-squares fit; relative error ≤ 5.4e-6 with the
+  /// reduction's, test_vector_moments.cpp) instead of degree 7; float only
+  /// (bfloat16 storage computes in float).
+  static V exp_bf16(V x) {
+    static_assert(kFloat, "exp_bf16: float lanes");
+    constexpr float kLog2e = 1.44269504088896341f;
+    constexpr float kMagic = 12582912.0f;
+    constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+    const V t = x * kLog2e + kMagic;
+    const V n = t - kMagic;
+    V r = x - n * kLn2Hi;
+    r = r - n * kLn2Lo;
+    V p = splat(0.041277777f);
+    p = p * r + 0.16753516f;
+    p = p * r + 0.50005114f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    return scale_by_exponent(p, t, n, x);
+  }
+
+  /// y · 2^n for exp_clamped and exp_bf16: n (integral) from t = x·log2(e) +
   /// kMagic, whose low bits hold it; 2^n saturates at 2^127 (2^1023); 0 where
   /// x is below the normal range (x < −87.34 / −708.40). AVX-512: one
   /// vscalefps (vscalefpd) with n clamped and the lanes masked (the same
