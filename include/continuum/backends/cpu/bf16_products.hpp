@@ -282,96 +282,160 @@ class TileScope {
   TileConfig saved_;
 };
 
-/// S_raw for 16 query rows (q: bfloat16 bits, row stride ldq elements, Dp
-/// columns, zero beyond D) and the key blocks [kb0, kb1) of a pack_keys tile:
-/// s[r·lds + 16 (kb − kb0) + n] = Σ_d q(r, d) k(16 kb + n, d) in float.
-/// Tiles: 0–3 accumulators, 4 the Q step, 6–7 the K steps.
+/// S_raw for G consecutive 16-row blocks of query rows (q: bfloat16 bits, row
+/// stride ldq elements, Dp columns, zero beyond D) and the key blocks [kb0,
+/// kb1) of a pack_keys tile: s[r·lds + 16 (kb − kb0) + n] = Σ_d q(r, d)
+/// k(16 kb + n, d) in float, r < 16 G. One block (G = 1) takes four key blocks
+/// a pass (its Q step loaded once for them); two to four take one key block a
+/// pass, each K step loaded once for all G (a tile is 64 KiB, in L2: loaded
+/// once per 64 rows instead of once per 16). Each score is the same sum in
+/// either shape. Tiles: 0–3 accumulators, 4–5 the Q steps, 6–7 the K steps.
+template <int G>
 CONTINUUM_AMX_FN void tile_scores(const std::uint16_t* q, index_t ldq, index_t Dp, const std::uint16_t* kp, index_t kb0,
-                             index_t kb1, float* s, index_t lds) {
+                                  index_t kb1, float* s, index_t lds) {
+  static_assert(G >= 1 && G <= 4, "tile_scores: 1 to 4 row blocks");
   const index_t steps = Dp / kStep, blk = (Dp / 2) * 32;
   const long sq = long(ldq * 2), ss = long(lds * 4);
   // GCC's _tile_loadd declares no memory read: inlined (a -march with AMX),
   // its loads could move above the caller's stores to q and kp without this.
   __asm__ __volatile__("" ::: "memory");
   index_t kb = kb0;
-  for (; kb + 4 <= kb1; kb += 4) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (index_t t = 0; t < steps; ++t) {
-      _tile_loadd(4, q + t * kStep, sq);
-      const std::uint16_t* b = kp + kb * blk + t * 16 * 32;
-      _tile_loadd(6, b, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_loadd(7, b + blk, 64);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_loadd(6, b + 2 * blk, 64);
-      _tile_dpbf16ps(2, 4, 6);
-      _tile_loadd(7, b + 3 * blk, 64);
-      _tile_dpbf16ps(3, 4, 7);
+  if constexpr (G == 1) {
+    for (; kb + 4 <= kb1; kb += 4) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (index_t t = 0; t < steps; ++t) {
+        _tile_loadd(4, q + t * kStep, sq);
+        const std::uint16_t* b = kp + kb * blk + t * 16 * 32;
+        _tile_loadd(6, b, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, b + blk, 64);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(6, b + 2 * blk, 64);
+        _tile_dpbf16ps(2, 4, 6);
+        _tile_loadd(7, b + 3 * blk, 64);
+        _tile_dpbf16ps(3, 4, 7);
+      }
+      float* o = s + (kb - kb0) * kCols;
+      _tile_stored(0, o, ss);
+      _tile_stored(1, o + kCols, ss);
+      _tile_stored(2, o + 2 * kCols, ss);
+      _tile_stored(3, o + 3 * kCols, ss);
     }
-    float* o = s + (kb - kb0) * kCols;
-    _tile_stored(0, o, ss);
-    _tile_stored(1, o + kCols, ss);
-    _tile_stored(2, o + 2 * kCols, ss);
-    _tile_stored(3, o + 3 * kCols, ss);
   }
   for (; kb < kb1; ++kb) {
     _tile_zero(0);
+    if constexpr (G > 1) _tile_zero(1);
+    if constexpr (G > 2) _tile_zero(2);
+    if constexpr (G > 3) _tile_zero(3);
     for (index_t t = 0; t < steps; ++t) {
-      _tile_loadd(4, q + t * kStep, sq);
       _tile_loadd(6, kp + kb * blk + t * 16 * 32, 64);
+      _tile_loadd(4, q + t * kStep, sq);
       _tile_dpbf16ps(0, 4, 6);
+      if constexpr (G > 1) {
+        _tile_loadd(5, q + 16 * ldq + t * kStep, sq);
+        _tile_dpbf16ps(1, 5, 6);
+      }
+      if constexpr (G > 2) {
+        _tile_loadd(4, q + 32 * ldq + t * kStep, sq);
+        _tile_dpbf16ps(2, 4, 6);
+      }
+      if constexpr (G > 3) {
+        _tile_loadd(5, q + 48 * ldq + t * kStep, sq);
+        _tile_dpbf16ps(3, 5, 6);
+      }
     }
-    _tile_stored(0, s + (kb - kb0) * kCols, ss);
+    float* o = s + (kb - kb0) * kCols;
+    _tile_stored(0, o, ss);
+    if constexpr (G > 1) _tile_stored(1, o + 16 * lds, ss);
+    if constexpr (G > 2) _tile_stored(2, o + 32 * lds, ss);
+    if constexpr (G > 3) _tile_stored(3, o + 48 * lds, ss);
   }
 }
 
-/// O += W̃ · V for 16 rows over the first `steps` key steps: w holds W̃'s
-/// bfloat16 bits (row stride ldw elements, steps·32 key columns, zero where
-/// a row sees no key), vp a pack_values tile of n_steps ≥ steps key steps
-/// (its layout), o the float accumulators (row stride ldo, Dvp columns).
-/// Tiles: 0–3 accumulators, 4 the W̃ step, 6–7 V.
+/// O += W̃ · V for G = 1 or 2 consecutive 16-row blocks over the first `steps`
+/// key steps: w holds W̃'s bfloat16 bits (row stride ldw elements, steps·32 key
+/// columns, zero where a row sees no key), vp a pack_values tile of n_steps ≥
+/// steps key steps (its layout), o the float accumulators (row stride ldo, Dvp
+/// columns). One block takes four output blocks a pass; two take two output
+/// blocks of both (2 × 2: each V step loaded once for 32 rows). Tiles: 0–3
+/// accumulators, 4–5 W̃, 6–7 V.
+template <int G>
 CONTINUUM_AMX_FN void tile_accumulate(const std::uint16_t* w, index_t ldw, index_t n_steps, index_t steps,
                                       const std::uint16_t* vp, index_t Dvp, float* o, index_t ldo) {
+  static_assert(G == 1 || G == 2, "tile_accumulate: 1 or 2 row blocks");
   const index_t KP = n_steps * kStep / 2, blk = KP * 32;
   const long sw = long(ldw * 2), so = long(ldo * 4);
   __asm__ __volatile__("" ::: "memory");  // (as in tile_scores)
   index_t nb = 0;
   const index_t nblocks = Dvp / kCols;
-  for (; nb + 4 <= nblocks; nb += 4) {
-    float* c = o + nb * kCols;
-    _tile_loadd(0, c, so);
-    _tile_loadd(1, c + kCols, so);
-    _tile_loadd(2, c + 2 * kCols, so);
-    _tile_loadd(3, c + 3 * kCols, so);
-    for (index_t t = 0; t < steps; ++t) {
-      _tile_loadd(4, w + t * kStep, sw);
-      const std::uint16_t* b = vp + nb * blk + t * 16 * 32;
-      _tile_loadd(6, b, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_loadd(7, b + blk, 64);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_loadd(6, b + 2 * blk, 64);
-      _tile_dpbf16ps(2, 4, 6);
-      _tile_loadd(7, b + 3 * blk, 64);
-      _tile_dpbf16ps(3, 4, 7);
+  if constexpr (G == 1) {
+    for (; nb + 4 <= nblocks; nb += 4) {
+      float* c = o + nb * kCols;
+      _tile_loadd(0, c, so);
+      _tile_loadd(1, c + kCols, so);
+      _tile_loadd(2, c + 2 * kCols, so);
+      _tile_loadd(3, c + 3 * kCols, so);
+      for (index_t t = 0; t < steps; ++t) {
+        _tile_loadd(4, w + t * kStep, sw);
+        const std::uint16_t* b = vp + nb * blk + t * 16 * 32;
+        _tile_loadd(6, b, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, b + blk, 64);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(6, b + 2 * blk, 64);
+        _tile_dpbf16ps(2, 4, 6);
+        _tile_loadd(7, b + 3 * blk, 64);
+        _tile_dpbf16ps(3, 4, 7);
+      }
+      _tile_stored(0, c, so);
+      _tile_stored(1, c + kCols, so);
+      _tile_stored(2, c + 2 * kCols, so);
+      _tile_stored(3, c + 3 * kCols, so);
     }
-    _tile_stored(0, c, so);
-    _tile_stored(1, c + kCols, so);
-    _tile_stored(2, c + 2 * kCols, so);
-    _tile_stored(3, c + 3 * kCols, so);
+  } else {
+    const std::uint16_t* w1 = w + 16 * ldw;
+    for (; nb + 2 <= nblocks; nb += 2) {
+      float* c0 = o + nb * kCols;
+      float* c1 = c0 + 16 * ldo;
+      _tile_loadd(0, c0, so);
+      _tile_loadd(1, c0 + kCols, so);
+      _tile_loadd(2, c1, so);
+      _tile_loadd(3, c1 + kCols, so);
+      for (index_t t = 0; t < steps; ++t) {
+        const std::uint16_t* b = vp + nb * blk + t * 16 * 32;
+        _tile_loadd(4, w + t * kStep, sw);
+        _tile_loadd(6, b, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, b + blk, 64);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(5, w1 + t * kStep, sw);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, c0, so);
+      _tile_stored(1, c0 + kCols, so);
+      _tile_stored(2, c1, so);
+      _tile_stored(3, c1 + kCols, so);
+    }
   }
   for (; nb < nblocks; ++nb) {
     float* c = o + nb * kCols;
     _tile_loadd(0, c, so);
+    if constexpr (G > 1) _tile_loadd(2, c + 16 * ldo, so);
     for (index_t t = 0; t < steps; ++t) {
-      _tile_loadd(4, w + t * kStep, sw);
       _tile_loadd(6, vp + nb * blk + t * 16 * 32, 64);
+      _tile_loadd(4, w + t * kStep, sw);
       _tile_dpbf16ps(0, 4, 6);
+      if constexpr (G > 1) {
+        _tile_loadd(5, w + 16 * ldw + t * kStep, sw);
+        _tile_dpbf16ps(2, 5, 6);
+      }
     }
     _tile_stored(0, c, so);
+    if constexpr (G > 1) _tile_stored(2, c + 16 * ldo, so);
   }
 }
 
@@ -472,8 +536,8 @@ CONTINUUM_DPBF16_FN void dot_accumulate_rows(const std::uint32_t* w, index_t ldw
   }
 }
 
-/// tile_scores on AVX512-BF16 for the first `rows` rows of the block (the
-/// others are not computed): the same operands, each score the same sum of
+/// tile_scores on AVX512-BF16 for the rows [0, rows) (the others of their
+/// block are not computed): the same operands, each score the same sum of
 /// the same exact products, in the vector unit's order.
 CONTINUUM_DPBF16_FN void dot_scores(const std::uint16_t* q, index_t ldq, index_t Dp, const std::uint16_t* kp,
                                     index_t kb0, index_t kb1, float* s, index_t lds, index_t rows) {
@@ -490,7 +554,7 @@ CONTINUUM_DPBF16_FN void dot_scores(const std::uint16_t* q, index_t ldq, index_t
   }
 }
 
-/// tile_accumulate on AVX512-BF16 for the first `rows` rows of the block.
+/// tile_accumulate on AVX512-BF16 for the rows [0, rows).
 CONTINUUM_DPBF16_FN void dot_accumulate(const std::uint16_t* w, index_t ldw, index_t n_steps, index_t steps,
                                         const std::uint16_t* vp, index_t Dvp, float* o, index_t ldo, index_t rows) {
   const index_t KP = n_steps * kStep / 2, np = steps * kStep / 2, ldw32 = ldw / 2, nblocks = Dvp / kCols;
@@ -610,33 +674,51 @@ bool round_row(const float* x, index_t lo, index_t hi, index_t n, std::uint16_t*
                float* sum = nullptr, index_t skip = -1);
 #endif  // CONTINUUM_CPU_AVX512BF16
 
-/// S_raw for the query rows [0, rows) of a 16-row block (see tile_scores) on
-/// `unit` (AMX computes the whole block: q and s must hold 16 rows; the rows
-/// past `rows` are any finite bits, and their results are not to be read).
+/// S_raw for the query rows [0, rows) (see tile_scores; any number of 16-row
+/// blocks) on `unit` (AMX computes whole blocks: q and s must hold rows rounded
+/// up to 16; the rows past `rows` are any finite bits, and their results are
+/// not to be read).
 inline void scores(Unit unit, const std::uint16_t* q, index_t ldq, index_t Dp, const std::uint16_t* kp, index_t kb0,
                    index_t kb1, float* s, index_t lds, index_t rows) {
 #if defined(CONTINUUM_CPU_AMX)
-  if (unit == Unit::amx) return tile_scores(q, ldq, Dp, kp, kb0, kb1, s, lds);
+  if (unit == Unit::amx) {
+    for (index_t g = 0; g < rows; g += 4 * kRows) {
+      const std::uint16_t* qg = q + g * ldq;
+      float* sg = s + g * lds;
+      switch (std::min<index_t>((rows - g + kRows - 1) / kRows, 4)) {
+        case 4: tile_scores<4>(qg, ldq, Dp, kp, kb0, kb1, sg, lds); break;
+        case 3: tile_scores<3>(qg, ldq, Dp, kp, kb0, kb1, sg, lds); break;
+        case 2: tile_scores<2>(qg, ldq, Dp, kp, kb0, kb1, sg, lds); break;
+        default: tile_scores<1>(qg, ldq, Dp, kp, kb0, kb1, sg, lds); break;
+      }
+    }
+    return;
+  }
 #endif
 #if defined(CONTINUUM_CPU_AVX512BF16)
-  if (unit == Unit::avx512bf16) return dot_scores(q, ldq, Dp, kp, kb0, kb1, s, lds, std::min(rows, kRows));
+  if (unit == Unit::avx512bf16) return dot_scores(q, ldq, Dp, kp, kb0, kb1, s, lds, rows);
 #endif
   (void)unit, (void)q, (void)ldq, (void)Dp, (void)kp, (void)kb0, (void)kb1, (void)s, (void)lds, (void)rows;
 }
 
-/// O += W̃ · V for the rows [0, rows) of a 16-row block (see tile_accumulate)
-/// on `unit` (AMX computes the whole block: W̃'s rows past `rows` must be
-/// zeros), over the first `steps` key steps of a tile packed for n_steps
-/// (all of them by default).
+/// O += W̃ · V for the rows [0, rows) (see tile_accumulate; any number of
+/// 16-row blocks) on `unit` (AMX computes whole blocks: W̃'s rows past `rows`
+/// must be zeros, and o must hold them), over the first `steps` key steps of
+/// a tile packed for n_steps (all of them by default).
 inline void accumulate(Unit unit, const std::uint16_t* w, index_t ldw, index_t n_steps, const std::uint16_t* vp,
                        index_t Dvp, float* o, index_t ldo, index_t rows, index_t steps = -1) {
   if (steps < 0) steps = n_steps;
 #if defined(CONTINUUM_CPU_AMX)
-  if (unit == Unit::amx) return tile_accumulate(w, ldw, n_steps, steps, vp, Dvp, o, ldo);
+  if (unit == Unit::amx) {
+    index_t g = 0;
+    for (; g + kRows < rows; g += 2 * kRows)
+      tile_accumulate<2>(w + g * ldw, ldw, n_steps, steps, vp, Dvp, o + g * ldo, ldo);
+    if (g < rows) tile_accumulate<1>(w + g * ldw, ldw, n_steps, steps, vp, Dvp, o + g * ldo, ldo);
+    return;
+  }
 #endif
 #if defined(CONTINUUM_CPU_AVX512BF16)
-  if (unit == Unit::avx512bf16)
-    return dot_accumulate(w, ldw, n_steps, steps, vp, Dvp, o, ldo, std::min(rows, kRows));
+  if (unit == Unit::avx512bf16) return dot_accumulate(w, ldw, n_steps, steps, vp, Dvp, o, ldo, rows);
 #endif
   (void)unit, (void)w, (void)ldw, (void)n_steps, (void)vp, (void)Dvp, (void)o, (void)ldo, (void)rows, (void)steps;
 }

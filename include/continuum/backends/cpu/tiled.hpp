@@ -1493,10 +1493,6 @@ inline void seen_from_cover(const int* cover, index_t nc, char* seen) {
   for (index_t j = 0; j < nc; ++j) seen[j] = char((run += cover[j]) > 0);
 }
 
-/// The rows of the 16-row block at g that a unit computes: those below nr
-/// (AMX computes the whole block, whose rows past nr are zeros).
-inline index_t block_rows(index_t g, index_t nr) { return std::min(bf16::kRows, nr - g); }
-
 /// Whether no element of a packed tile is a NaN or an Inf (bfloat16 bits:
 /// exponent all ones, the largest magnitudes' bits).
 inline bool packed_finite(const std::uint16_t* p, index_t n) {
@@ -1577,9 +1573,9 @@ template <class T>
 void scores_bf16(index_t g0, index_t g1, index_t nr, index_t j0, index_t j1, ForwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
     const index_t lds = ws.s.stride();
-    for (index_t g = g0; g < g1 && g < nr; g += bf16::kRows)
-      bf16::scores(ws.unit, ws.qb.data() + g * ws.Dp, ws.Dp, ws.Dp, ws.kpt, j0 / bf16::kCols,
-                   (j1 + bf16::kCols - 1) / bf16::kCols, ws.s.data() + g * lds + 1 + j0, lds, block_rows(g, nr));
+    if (g0 < std::min(g1, nr))
+      bf16::scores(ws.unit, ws.qb.data() + g0 * ws.Dp, ws.Dp, ws.Dp, ws.kpt, j0 / bf16::kCols,
+                   (j1 + bf16::kCols - 1) / bf16::kCols, ws.s.data() + g0 * lds + 1 + j0, lds, std::min(g1, nr) - g0);
   }
 }
 
@@ -1641,9 +1637,9 @@ template <class T>
 void accumulate_bf16(index_t g0, index_t g1, index_t nr, index_t steps, ForwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
     const index_t ldo = ws.o.cols();
-    for (index_t g = g0; g < g1 && g < nr; g += bf16::kRows)
-      bf16::accumulate(ws.unit, ws.wb.data() + g * kBc, kBc, ws.vsteps, ws.vpt, ws.Dvp, ws.o.data() + g * ldo, ldo,
-                       block_rows(g, nr), steps);
+    if (g0 < std::min(g1, nr))
+      bf16::accumulate(ws.unit, ws.wb.data() + g0 * kBc, kBc, ws.vsteps, ws.vpt, ws.Dvp, ws.o.data() + g0 * ldo, ldo,
+                       std::min(g1, nr) - g0, steps);
   }
 }
 
@@ -1663,9 +1659,7 @@ void chunk_halo_bf16(const Stored<S>& io, index_t b, index_t hk, index_t k0, ind
     ws.seen[bf16::kCols - 1] = 1;
     bf16::pack_keys(io.key.row(b, hk, k0 - bf16::kCols), io.key.stride_seq, bf16::kCols, io.key.dim, ws.Dp,
                     ws.seen.data(), 1, ws.kp.data());
-    for (index_t g = 0; g < nr; g += bf16::kRows)
-      bf16::scores(ws.unit, ws.qb.data() + g * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), 0, 1,
-                   ws.halo.data() + g * bf16::kCols, bf16::kCols, block_rows(g, nr));
+    bf16::scores(ws.unit, ws.qb.data(), ws.Dp, ws.Dp, ws.kp.data(), 0, 1, ws.halo.data(), bf16::kCols, nr);
     for (index_t r = 0; r < nr; ++r)
       ws.s(r, 0) = ws.range[r].lo < k0 && ws.range[r].hi > k0
                        ? ws.c[std::size_t(r)] * ws.halo[std::size_t(r * bf16::kCols + bf16::kCols - 1)]
@@ -2329,12 +2323,10 @@ void backward_scores_bf16(const BackwardArgs<T>& a, index_t gq, index_t i0, inde
   if constexpr (kBf16<T>) {
     const index_t lds = ws.s.cols(), row0 = gq * a.query.seq + i0;
     const index_t b0 = j0 / bf16::kCols, b1 = (j1 + bf16::kCols - 1) / bf16::kCols;
-    for (index_t g = 0; g < nr; g += bf16::kRows) {
-      bf16::scores(ws.unit, ws.qb.data() + (row0 + g) * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), b0, b1,
-                   ws.s.data() + g * lds + b0 * bf16::kCols, lds, block_rows(g, nr));
-      bf16::scores(ws.unit, ws.gb.data() + (row0 + g) * ws.Dvq, ws.Dvq, ws.Dvq, ws.vkp.data(), b0, b1,
-                   ws.dp.data() + g * lds + b0 * bf16::kCols, lds, block_rows(g, nr));
-    }
+    bf16::scores(ws.unit, ws.qb.data() + row0 * ws.Dp, ws.Dp, ws.Dp, ws.kp.data(), b0, b1,
+                 ws.s.data() + b0 * bf16::kCols, lds, nr);
+    bf16::scores(ws.unit, ws.gb.data() + row0 * ws.Dvq, ws.Dvq, ws.Dvq, ws.vkp.data(), b0, b1,
+                 ws.dp.data() + b0 * bf16::kCols, lds, nr);
     for (index_t r = 0; r < nr; ++r) {
       T* sr = ws.s.row(r).data();
       const T cr = c[i0 + r];
@@ -2462,10 +2454,8 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
     // zeroed by the caller).
     if (want_dv) {
       const bool small = transposed_bits<T>(ws.p.data(), ldp, nr, nc, nullptr, ws);
-      for (index_t g = 0; g < nc; g += bf16::kRows)
-        bf16::accumulate(ws.unit, ws.at.data() + g * kBrBwd, kBrBwd, steps,
-                         ws.bdo.data() + at * std::size_t(ws.Dvc * kBrBwd), ws.Dvc, ws.dv.data() + g * ws.Dvc,
-                         ws.Dvc, block_rows(g, nc));
+      bf16::accumulate(ws.unit, ws.at.data(), kBrBwd, steps, ws.bdo.data() + at * std::size_t(ws.Dvc * kBrBwd),
+                       ws.Dvc, ws.dv.data(), ws.Dvc, nc);
       if (small) {
         if (!ws.any_dv_small) ws.dv_small.topRows(nc).setZero();
         ws.any_dv_small = true;
@@ -2478,10 +2468,8 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
     }
     if (want_dk) {
       const bool small = transposed_bits<T>(ws.ds.data(), ldp, nr, nc, c + i0, ws);
-      for (index_t g = 0; g < nc; g += bf16::kRows)
-        bf16::accumulate(ws.unit, ws.at.data() + g * kBrBwd, kBrBwd, steps,
-                         ws.bq.data() + at * std::size_t(ws.Dc * kBrBwd), ws.Dc, ws.dk.data() + g * ws.Dc, ws.Dc,
-                         block_rows(g, nc));
+      bf16::accumulate(ws.unit, ws.at.data(), kBrBwd, steps, ws.bq.data() + at * std::size_t(ws.Dc * kBrBwd), ws.Dc,
+                       ws.dk.data(), ws.Dc, nc);
       if (small) {
         if (!ws.any_dk_small) ws.dk_small.topRows(nc).setZero();
         ws.any_dk_small = true;
@@ -2508,9 +2496,8 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
       bool direct = D == ws.Dc && (ws.unit != bf16::Unit::amx || nr % bf16::kRows == 0);
       for (index_t r = 0; r < nr && direct; ++r) direct = ws.ov1[r] > ws.ov0[r];
       if (direct) {
-        for (index_t g = 0; g < nr; g += bf16::kRows)
-          bf16::accumulate(ws.unit, ab + g * ncp, ncp, ncp / bf16::kStep, ws.bk.data(), ws.Dc,
-                           a.grad_query.row(b, h, i0 + g), a.grad_query.stride_seq, block_rows(g, nr));
+        bf16::accumulate(ws.unit, ab, ncp, ncp / bf16::kStep, ws.bk.data(), ws.Dc, a.grad_query.row(b, h, i0),
+                         a.grad_query.stride_seq, nr);
       } else {
         T* dq = ws.dqs.data();
         for (index_t r = 0; r < nrb; ++r) {
@@ -2519,9 +2506,7 @@ void accumulate_backward_bf16(const BackwardArgs<T>& a, index_t b, index_t h, in
           else std::fill(d, d + D, T(0));
           std::fill(d + D, d + ws.Dc, T(0));
         }
-        for (index_t g = 0; g < nr; g += bf16::kRows)
-          bf16::accumulate(ws.unit, ab + g * ncp, ncp, ncp / bf16::kStep, ws.bk.data(), ws.Dc, dq + g * ws.Dc,
-                           ws.Dc, block_rows(g, nr));
+        bf16::accumulate(ws.unit, ab, ncp, ncp / bf16::kStep, ws.bk.data(), ws.Dc, dq, ws.Dc, nr);
         for (index_t r = 0; r < nr; ++r)
           if (ws.ov1[r] > ws.ov0[r]) std::copy(dq + r * ws.Dc, dq + r * ws.Dc + D, a.grad_query.row(b, h, i0 + r));
       }
