@@ -1396,13 +1396,19 @@ void write_maps(const T* qs, const TensorView<const S>& key, index_t b, index_t 
   }
 }
 
+/// c_i = scale / τ_i of row (b, h, i), formed in T.
+template <class T>
+inline T query_scale(const ForwardArgs<T>& a, index_t b, index_t h, index_t i, double scale) {
+  return T(MeasureType<T>(scale) /
+           MeasureType<T>(temperature_at(a.temperature, b, h, i, a.query.heads, a.query.seq)));
+}
+
 /// qs = c_i q_i, the query of row (b, h, i) (read from `query`, stored in
 /// S) scaled by c_i = scale / τ_i; returns c_i.
 template <class T, class S>
 inline T scaled_query(const ForwardArgs<T>& a, const TensorView<const S>& query, index_t b, index_t h, index_t i,
                       double scale, T* qs) {
-  const T c = T(MeasureType<T>(scale) /
-                MeasureType<T>(temperature_at(a.temperature, b, h, i, a.query.heads, a.query.seq)));
+  const T c = query_scale(a, b, h, i, scale);
   const S* qi = query.row(b, h, i);
   for (index_t d = 0; d < query.dim; ++d) qs[d] = c * T(qi[d]);
   return c;
@@ -1756,7 +1762,10 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
       kmin = std::min(kmin, ws.range[r].lo);
       kmax = std::max(kmax, ws.range[r].hi);
     }
-    const T c = scaled_query(a, io.query, b, h, i, scale, ws.q.row(r).data());
+    // A unit multiplies the query as stored (ws.qb); c_i q_i in T is read only
+    // by the inspection maps there.
+    const T c = ws.on_unit() && !a.probs && !a.cell_mass ? query_scale(a, b, h, i, scale)
+                                                        : scaled_query(a, io.query, b, h, i, scale, ws.q.row(r).data());
     if constexpr (kBf16<T>)
       if (ws.on_unit()) {
         ws.c[std::size_t(r)] = c;
