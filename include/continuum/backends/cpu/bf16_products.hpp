@@ -282,6 +282,21 @@ class TileScope {
   TileConfig saved_;
 };
 
+/// One step of the four accumulator tiles 0–3 against one A step: tile 4 ←
+/// a (16 rows, sa bytes apart), then tiles 6 and 7 in turn ← the B steps b,
+/// b + blk, b + 2 blk, b + 3 blk (16 rows of 64 bytes each), tile k += A · B_k.
+CONTINUUM_AMX_FN void four_products(const std::uint16_t* a, long sa, const std::uint16_t* b, index_t blk) {
+  _tile_loadd(4, a, sa);
+  _tile_loadd(6, b, 64);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_loadd(7, b + blk, 64);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_loadd(6, b + 2 * blk, 64);
+  _tile_dpbf16ps(2, 4, 6);
+  _tile_loadd(7, b + 3 * blk, 64);
+  _tile_dpbf16ps(3, 4, 7);
+}
+
 /// S_raw for G consecutive 16-row blocks of query rows (q: bfloat16 bits, row
 /// stride ldq elements, Dp columns, zero beyond D) and the key blocks [kb0,
 /// kb1) of a pack_keys tile: s[r·lds + 16 (kb − kb0) + n] = Σ_d q(r, d)
@@ -306,18 +321,7 @@ CONTINUUM_AMX_FN void tile_scores(const std::uint16_t* q, index_t ldq, index_t D
       _tile_zero(1);
       _tile_zero(2);
       _tile_zero(3);
-      for (index_t t = 0; t < steps; ++t) {
-        _tile_loadd(4, q + t * kStep, sq);
-        const std::uint16_t* b = kp + kb * blk + t * 16 * 32;
-        _tile_loadd(6, b, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_loadd(7, b + blk, 64);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_loadd(6, b + 2 * blk, 64);
-        _tile_dpbf16ps(2, 4, 6);
-        _tile_loadd(7, b + 3 * blk, 64);
-        _tile_dpbf16ps(3, 4, 7);
-      }
+      for (index_t t = 0; t < steps; ++t) four_products(q + t * kStep, sq, kp + kb * blk + t * 16 * 32, blk);
       float* o = s + (kb - kb0) * kCols;
       _tile_stored(0, o, ss);
       _tile_stored(1, o + kCols, ss);
@@ -378,18 +382,7 @@ CONTINUUM_AMX_FN void tile_accumulate(const std::uint16_t* w, index_t ldw, index
       _tile_loadd(1, c + kCols, so);
       _tile_loadd(2, c + 2 * kCols, so);
       _tile_loadd(3, c + 3 * kCols, so);
-      for (index_t t = 0; t < steps; ++t) {
-        _tile_loadd(4, w + t * kStep, sw);
-        const std::uint16_t* b = vp + nb * blk + t * 16 * 32;
-        _tile_loadd(6, b, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_loadd(7, b + blk, 64);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_loadd(6, b + 2 * blk, 64);
-        _tile_dpbf16ps(2, 4, 6);
-        _tile_loadd(7, b + 3 * blk, 64);
-        _tile_dpbf16ps(3, 4, 7);
-      }
+      for (index_t t = 0; t < steps; ++t) four_products(w + t * kStep, sw, vp + nb * blk + t * 16 * 32, blk);
       _tile_stored(0, c, so);
       _tile_stored(1, c + kCols, so);
       _tile_stored(2, c + 2 * kCols, so);

@@ -278,15 +278,22 @@ struct VectorOps {
 
   static V splat(T x) { return V{} + x; }
 
+  /// exp's reduction in float (Cody–Waite): x = n ln2 + r, |r| ≤ ln2/2, n
+  /// integral, t = x·log2(e) + 1.5·2^23 (whose low bits hold n).
+  static void reduce_float(V x, V& t, V& n, V& r) {
+    constexpr float kLog2e = 1.44269504088896341f;
+    constexpr float kMagic = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
+    constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+    t = x * kLog2e + kMagic;
+    n = t - kMagic;
+    r = x - n * kLn2Hi;
+    r = r - n * kLn2Lo;
+  }
+
   static V exp_clamped(V x) {
     if constexpr (kFloat) {
-      constexpr float kLog2e = 1.44269504088896341f;
-      constexpr float kMagic = 12582912.0f;
-      constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-      const V t = x * kLog2e + kMagic;
-      const V n = t - kMagic;
-      V r = x - n * kLn2Hi;
-      r = r - n * kLn2Lo;
+      V t, n, r;
+      reduce_float(x, t, n, r);
       V p = splat(1.9875691500e-4f);
       p = p * r + 1.3981999507e-3f;
       p = p * r + 8.3334519073e-3f;
@@ -328,13 +335,8 @@ struct VectorOps {
   /// (bfloat16 storage computes in float).
   static V exp_bf16(V x) {
     static_assert(kFloat, "exp_bf16: float lanes");
-    constexpr float kLog2e = 1.44269504088896341f;
-    constexpr float kMagic = 12582912.0f;
-    constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-    const V t = x * kLog2e + kMagic;
-    const V n = t - kMagic;
-    V r = x - n * kLn2Hi;
-    r = r - n * kLn2Lo;
+    V t, n, r;
+    reduce_float(x, t, n, r);
     V p = splat(0.041277777f);
     p = p * r + 0.16753516f;
     p = p * r + 0.50005114f;
