@@ -1633,6 +1633,8 @@ T softmax_weights_bf16(const T* sr, index_t cv0, index_t cv1, index_t skip, inde
         },
         &sum, skip - 1);
   }
+#else
+  (void)sr, (void)cv0, (void)cv1, (void)skip, (void)r, (void)n_cols, (void)m, (void)ws;
 #endif
   return sum;
 }
