@@ -607,24 +607,25 @@ CONTINUUM_DPBF16_FN bool round_pairs(const float* x0, float s0, index_t a0, inde
   return small != 0;
 }
 
-/// round_row's default weight: x itself (the lanes outside the mask hold 0).
+/// round_row's default weight: x itself.
 struct SameLanes {
-  __m512 operator()(__m512 x, __mmask16) const { return x; }
+  __m512 operator()(__m512 x) const { return x; }
 };
 
 /// One row for the unit (A of O += W̃·V and of dQ): out[c] = bits_rounded(y[c])
 /// for c in [lo, hi) other than `skip`, and 0 for the other c in [0, n) (n a
 /// multiple of 32; x is read only there), on vcvtne2ps2bf16. y = x, or
-/// weight(x, k) 16 lanes at a time (lanes outside the mask k: x = 0 and y must
-/// be 0): softmax's weights are formed here from the scores. Where rho is not
-/// null, *rho += Σ (bfloat16 value − y[c]) over those c, in float lanes and one
-/// tree sum; where sum is not null, *sum = Σ y[c] over them, the same way.
+/// weight(x) 16 lanes at a time (lanes outside [lo, hi) hold x = 0; their y
+/// is left out, whatever it is): softmax's weights are formed here from the
+/// scores. Where rho is not null, *rho += Σ (bfloat16 value − y[c]) over those
+/// c, in float lanes and one tree sum; where sum is not null, *sum = Σ y[c]
+/// over them, in two lanes' accumulators and one tree sum.
 /// Returns whether some y[c] there is flushed() (with kFlushed; else false).
 template <bool kFlushed = true, class F = SameLanes>
 CONTINUUM_DPBF16_FN bool round_row(const float* x, index_t lo, index_t hi, index_t n, std::uint16_t* out,
                                    float* rho, F&& weight = {}, float* sum = nullptr, index_t skip = -1) {
   __mmask16 small = 0;
-  __m512 diff = _mm512_setzero_ps(), acc = _mm512_setzero_ps();
+  __m512 diff = _mm512_setzero_ps(), acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   // Whole steps of 32 inside [lo, hi), [u0, u1), take no masks.
   const index_t u0 = std::min((lo + 31) / 32 * 32, n), u1 = std::max(u0, hi / 32 * 32);
   const index_t skip_step = skip >= 0 ? skip / 32 * 32 : -1;
@@ -638,21 +639,26 @@ CONTINUUM_DPBF16_FN bool round_row(const float* x, index_t lo, index_t hi, index
       else
         k1 &= __mmask16(~(1u << (skip - c - 16)));
     }
-    const __m512 y0 = weight(_mm512_maskz_loadu_ps(k0, x + c), k0);
-    const __m512 y1 = weight(_mm512_maskz_loadu_ps(k1, x + c + 16), k1);
-    if constexpr (kFlushed) small |= flushed_lanes(y0) | flushed_lanes(y1);
-    const __m512i h = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(y1, y0));  // y0's 16 bits, then y1's
+    const __m512 y0 = weight(_mm512_maskz_loadu_ps(k0, x + c));
+    const __m512 y1 = weight(_mm512_maskz_loadu_ps(k1, x + c + 16));
+    if constexpr (kFlushed) small |= (flushed_lanes(y0) & k0) | (flushed_lanes(y1) & k1);
+    // y0's 16 bits, then y1's; 0 outside the masks
+    const __m512i h =
+        reinterpret_cast<__m512i>(_mm512_maskz_cvtne2ps_pbh(__mmask32(k0) | __mmask32(k1) << 16, y1, y0));
     _mm512_storeu_si512(out + c, h);
-    if (sum) acc = _mm512_add_ps(acc, _mm512_add_ps(y0, y1));
+    if (sum) {
+      acc0 = _mm512_mask_add_ps(acc0, k0, acc0, y0);
+      acc1 = _mm512_mask_add_ps(acc1, k1, acc1, y1);
+    }
     if (rho) {
       const __m512 r0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
       const __m512 r1 =
           _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
-      diff = _mm512_add_ps(diff, _mm512_add_ps(_mm512_sub_ps(r0, y0), _mm512_sub_ps(r1, y1)));
+      diff = _mm512_add_ps(diff, _mm512_add_ps(_mm512_maskz_sub_ps(k0, r0, y0), _mm512_maskz_sub_ps(k1, r1, y1)));
     }
   }
   if (rho) *rho += _mm512_reduce_add_ps(diff);
-  if (sum) *sum = _mm512_reduce_add_ps(acc);
+  if (sum) *sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
   return small != 0;
 }
 

@@ -1628,9 +1628,7 @@ T softmax_weights_bf16(const T* sr, index_t cv0, index_t cv1, index_t skip, inde
     // Column cc ≥ 1 of the score tile is key cc − 1 of the tile.
     bf16::round_row<false>(
         sr + 1, cv0 - 1, cv1 - 1, n_cols, ws.wb.data() + r * kBc, ws.stats ? &ws.rho[r] : nullptr,
-        [&](__m512 y, __mmask16 k) {
-          return _mm512_maskz_mov_ps(k, (__m512)VectorOps<float>::exp_bf16((V)y * c - m));
-        },
+        [&](__m512 y) { return (__m512)VectorOps<float>::exp_bf16((V)y * c - m); },
         &sum, skip - 1);
   }
 #else

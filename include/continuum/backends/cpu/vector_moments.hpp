@@ -47,8 +47,9 @@
 // Relative error ≤ 2 ulp on the rest (Cephes expf polynomial for float, degree-13
 // Taylor on |r| ≤ ln2/2 for double). NaN is not propagated (callers mask). The
 // vector form scales by 2^n with one vscalefps/vscalefpd where there is AVX-512
-// (the same values as the exponent-bits product). exp_bf16: the same with e^r of
-// degree 4, relative error ≤ 6e-6 (softmax's weights on a bfloat16 unit).
+// (the same values as the exponent-bits product). exp_bf16: e^x to bfloat16's
+// accuracy (softmax's weights on a bfloat16 unit), 2^⌊t⌋ · 2^f of degree 4,
+// relative error ≤ 8.3e-6.
 #pragma once
 
 #include <cmath>
@@ -278,22 +279,15 @@ struct VectorOps {
 
   static V splat(T x) { return V{} + x; }
 
-  /// exp's reduction in float (Cody–Waite): x = n ln2 + r, |r| ≤ ln2/2, n
-  /// integral, t = x·log2(e) + 1.5·2^23 (whose low bits hold n).
-  static void reduce_float(V x, V& t, V& n, V& r) {
-    constexpr float kLog2e = 1.44269504088896341f;
-    constexpr float kMagic = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
-    constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-    t = x * kLog2e + kMagic;
-    n = t - kMagic;
-    r = x - n * kLn2Hi;
-    r = r - n * kLn2Lo;
-  }
-
   static V exp_clamped(V x) {
     if constexpr (kFloat) {
-      V t, n, r;
-      reduce_float(x, t, n, r);
+      constexpr float kLog2e = 1.44269504088896341f;
+      constexpr float kMagic = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
+      constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+      const V t = x * kLog2e + kMagic;
+      const V n = t - kMagic;
+      V r = x - n * kLn2Hi;
+      r = r - n * kLn2Lo;
       V p = splat(1.9875691500e-4f);
       p = p * r + 1.3981999507e-3f;
       p = p * r + 8.3334519073e-3f;
@@ -328,24 +322,48 @@ struct VectorOps {
   }
 
   /// e^x to bfloat16's accuracy, for softmax's weights on a bfloat16 unit
-  /// (rounded to bfloat16 for P·V; MATH.md §10): exp_clamped with e^r on |r| ≤ ln2/2
-  /// of degree 4 (1 + r + 0.50005114 r² + 0.16753516 r³ + 0.041277777 r⁴,
-  /// a weighted least-squares fit; relative error ≤ 5.4e-6 with the
-  /// reduction's, test_vector_moments.cpp) instead of degree 7; float only
-  /// (bfloat16 storage computes in float).
+  /// (rounded to bfloat16 for P·V; MATH.md §10): 2^t for t = x ⊗ log2(e),
+  /// split exactly into n = ⌊t⌋ and f = t − n ∈ [0, 1); 2^f of degree 4 with
+  /// p(0) = 1 (a relative minimax fit on [0, 1): 2.9e-6, 3.0e-6 with Horner's
+  /// roundings), times 2^n exactly. t's rounding adds at most 2^-24·|x|
+  /// relative (5.2e-6 at the bottom of the range): ≤ 8.3e-6 < 2^-14 in all
+  /// (test_vector_moments.cpp). Exactly 1 at 0; exactly 0 below the normal
+  /// range (t < −126, x < −87.34); +∞ from t ≥ 128. Float only (bfloat16
+  /// storage computes in float). AVX-512: f from one vreduceps, 2^n from one
+  /// masked vscalefps (the same values).
   static V exp_bf16(V x) {
     static_assert(kFloat, "exp_bf16: float lanes");
-    V t, n, r;
-    reduce_float(x, t, n, r);
-    V p = splat(0.041277777f);
-    p = p * r + 0.16753516f;
-    p = p * r + 0.50005114f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    return scale_by_exponent(p, t, n, x);
+    const V t = x * 1.44269504088896341f;
+#  if defined(__AVX512F__) && defined(__AVX512DQ__)
+    if constexpr (kSimdBytes == 64) {
+      const V f = (V)_mm512_reduce_ps((__m512)t, 0x09);  // t − ⌊t⌋ (round down, no precision flag)
+      return (V)_mm512_maskz_scalef_ps(_mm512_cmp_ps_mask((__m512)t, _mm512_set1_ps(-126.0f), _CMP_NLT_UQ),
+                                       (__m512)exp2_fraction(f), (__m512)t);
+    }
+#  endif
+    const VI under = t < -126.0f;
+    const V tc = t < -127.0f ? splat(-127.0f) : (t > 128.0f ? splat(128.0f) : t);
+    constexpr float kMagic = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
+    const V near = (tc + kMagic) - kMagic;
+    const V n = near > tc ? near - 1.0f : near;  // ⌊tc⌋, in [−127, 128]
+    const V y = exp2_fraction(tc - n);
+    const VI e = __builtin_convertvector(n, VI);
+    const VI top = e > 127;  // n = 128: 2^127 · 2, +∞ as vscalefps gives
+    typedef std::uint32_t VU __attribute__((vector_size(sizeof(V))));
+    const V scaled = y * (V)((VU)((top ? 127 : e) + 127) << 23);
+    return under ? V{} : (top ? scaled * 2.0f : scaled);
   }
 
-  /// y · 2^n for exp_clamped and exp_bf16: n (integral) from t = x·log2(e) +
+  /// 2^f on [0, 1) for exp_bf16: degree 4, p(0) = 1 exactly.
+  static V exp2_fraction(V f) {
+    V p = splat(0.013426518999040127f);
+    p = p * f + 0.052242740988731384f;
+    p = p * f + 0.24128007888793945f;
+    p = p * f + 0.6930448412895203f;
+    return p * f + 1.0f;
+  }
+
+  /// y · 2^n for exp_clamped: n (integral) from t = x·log2(e) +
   /// kMagic, whose low bits hold it; 2^n saturates at 2^127 (2^1023); 0 where
   /// x is below the normal range (x < −87.34 / −708.40). AVX-512: one
   /// vscalefps (vscalefpd) with n clamped and the lanes masked (the same
