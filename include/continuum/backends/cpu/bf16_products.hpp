@@ -359,15 +359,15 @@ CONTINUUM_AMX_FN void tile_scores(const std::uint16_t* q, index_t ldq, index_t D
   }
 }
 
-/// O += W̃ · V for G = 1 or 2 consecutive 16-row blocks over the first `steps`
-/// key steps: w holds W̃'s bfloat16 bits (row stride ldw elements, steps·32 key
-/// columns, zero where a row sees no key), vp a pack_values tile of n_steps ≥
-/// steps key steps (its layout), o the float accumulators (row stride ldo, Dvp
-/// columns). One block takes four output blocks a pass; two take two output
-/// blocks of both (2 × 2: each V step loaded once for 32 rows). Tiles: 0–3
-/// accumulators, 4–5 W̃, 6–7 V.
+/// O += W̃ · V for G = 1 or 2 consecutive 16-row blocks over the key steps
+/// [t0, t1): w holds W̃'s bfloat16 bits (row stride ldw elements, 32 key
+/// columns a step, zero where a row sees no key), vp a pack_values tile of
+/// n_steps ≥ t1 key steps (its layout), o the float accumulators (row stride
+/// ldo, Dvp columns). One block takes four output blocks a pass; two take two
+/// output blocks of both (2 × 2: each V step loaded once for 32 rows). Tiles:
+/// 0–3 accumulators, 4–5 W̃, 6–7 V.
 template <int G>
-CONTINUUM_AMX_FN void tile_accumulate(const std::uint16_t* w, index_t ldw, index_t n_steps, index_t steps,
+CONTINUUM_AMX_FN void tile_accumulate(const std::uint16_t* w, index_t ldw, index_t n_steps, index_t t0, index_t t1,
                                       const std::uint16_t* vp, index_t Dvp, float* o, index_t ldo) {
   static_assert(G == 1 || G == 2, "tile_accumulate: 1 or 2 row blocks");
   const index_t KP = n_steps * kStep / 2, blk = KP * 32;
@@ -382,7 +382,7 @@ CONTINUUM_AMX_FN void tile_accumulate(const std::uint16_t* w, index_t ldw, index
       _tile_loadd(1, c + kCols, so);
       _tile_loadd(2, c + 2 * kCols, so);
       _tile_loadd(3, c + 3 * kCols, so);
-      for (index_t t = 0; t < steps; ++t) four_products(w + t * kStep, sw, vp + nb * blk + t * 16 * 32, blk);
+      for (index_t t = t0; t < t1; ++t) four_products(w + t * kStep, sw, vp + nb * blk + t * 16 * 32, blk);
       _tile_stored(0, c, so);
       _tile_stored(1, c + kCols, so);
       _tile_stored(2, c + 2 * kCols, so);
@@ -397,7 +397,7 @@ CONTINUUM_AMX_FN void tile_accumulate(const std::uint16_t* w, index_t ldw, index
       _tile_loadd(1, c0 + kCols, so);
       _tile_loadd(2, c1, so);
       _tile_loadd(3, c1 + kCols, so);
-      for (index_t t = 0; t < steps; ++t) {
+      for (index_t t = t0; t < t1; ++t) {
         const std::uint16_t* b = vp + nb * blk + t * 16 * 32;
         _tile_loadd(4, w + t * kStep, sw);
         _tile_loadd(6, b, 64);
@@ -418,7 +418,7 @@ CONTINUUM_AMX_FN void tile_accumulate(const std::uint16_t* w, index_t ldw, index
     float* c = o + nb * kCols;
     _tile_loadd(0, c, so);
     if constexpr (G > 1) _tile_loadd(2, c + 16 * ldo, so);
-    for (index_t t = 0; t < steps; ++t) {
+    for (index_t t = t0; t < t1; ++t) {
       _tile_loadd(6, vp + nb * blk + t * 16 * 32, 64);
       _tile_loadd(4, w + t * kStep, sw);
       _tile_dpbf16ps(0, 4, 6);
@@ -700,19 +700,29 @@ inline void scores(Unit unit, const std::uint16_t* q, index_t ldq, index_t Dp, c
   (void)unit, (void)q, (void)ldq, (void)Dp, (void)kp, (void)kb0, (void)kb1, (void)s, (void)lds, (void)rows;
 }
 
+/// Key steps per pass of accumulate on AMX (256 keys): a pass's W̃ of two
+/// row blocks and V of two output blocks (16 KiB each) stay in L1 for the
+/// other row and output blocks.
+inline constexpr index_t kAccumulateSteps = 8;
+
 /// O += W̃ · V for the rows [0, rows) (see tile_accumulate; any number of
 /// 16-row blocks) on `unit` (AMX computes whole blocks: W̃'s rows past `rows`
 /// must be zeros, and o must hold them), over the first `steps` key steps of
-/// a tile packed for n_steps (all of them by default).
+/// a tile packed for n_steps (all of them by default). AMX takes the steps
+/// kAccumulateSteps at a time, o stored and loaded between them (exactly: each
+/// accumulator takes the same products in the same order).
 inline void accumulate(Unit unit, const std::uint16_t* w, index_t ldw, index_t n_steps, const std::uint16_t* vp,
                        index_t Dvp, float* o, index_t ldo, index_t rows, index_t steps = -1) {
   if (steps < 0) steps = n_steps;
 #if defined(CONTINUUM_CPU_AMX)
   if (unit == Unit::amx) {
-    index_t g = 0;
-    for (; g + kRows < rows; g += 2 * kRows)
-      tile_accumulate<2>(w + g * ldw, ldw, n_steps, steps, vp, Dvp, o + g * ldo, ldo);
-    if (g < rows) tile_accumulate<1>(w + g * ldw, ldw, n_steps, steps, vp, Dvp, o + g * ldo, ldo);
+    for (index_t t0 = 0; t0 < steps; t0 += kAccumulateSteps) {
+      const index_t t1 = std::min(steps, t0 + kAccumulateSteps);
+      index_t g = 0;
+      for (; g + kRows < rows; g += 2 * kRows)
+        tile_accumulate<2>(w + g * ldw, ldw, n_steps, t0, t1, vp, Dvp, o + g * ldo, ldo);
+      if (g < rows) tile_accumulate<1>(w + g * ldw, ldw, n_steps, t0, t1, vp, Dvp, o + g * ldo, ldo);
+    }
     return;
   }
 #endif
