@@ -208,7 +208,7 @@ TEMPLATE_TEST_CASE("vector exp matches expl and flushes below the normal range",
 // ε). The fraction's polynomial: 2.9e-6 as fitted, held to 3.0e-6 with Horner's
 // roundings. t's rounding (2^-24 |t|) and log2(e)'s in float (2^-26) add at most
 // 1.25 · 2^-24 |x| to the relative error: each x is held to 3.0e-6 + 1.25 · 2^-24 |x|
-// (≤ 9.5e-6 down to x = −87.34). At 0 it is exactly 1 (the reference key's weight,
+// (≤ 9.51e-6 down to x = −87.34). At 0 it is exactly 1 (the reference key's weight,
 // held apart as 1: tiled.hpp), below the normal range exactly 0, and from t ≥ 128 +∞.
 TEST_CASE("vector exp_bf16 within its bound, 1 at 0, 0 below the normal range", "[vector_moments]") {
   using V = Simd<float>::v;
