@@ -327,10 +327,10 @@ struct VectorOps {
   /// p(0) = 1 (a relative minimax fit on [0, 1): 2.9e-6, 3.0e-6 with Horner's
   /// roundings), times 2^n exactly. The roundings of t and of log2(e) in
   /// float add at most 1.25 · 2^-24·|x| relative (6.5e-6 at the bottom of the
-  /// range): ≤ 9.51e-6 < 2^-14 in all (test_vector_moments.cpp). Exactly 1 at 0; exactly 0 below the normal
-  /// range (t < −126, x < −87.34); +∞ from t ≥ 128. Float only (bfloat16
-  /// storage computes in float). AVX-512: f from one vreduceps, 2^n from one
-  /// masked vscalefps (the same values).
+  /// range): ≤ 9.51e-6 < 2^-14 in all (test_vector_moments.cpp). Exactly 1
+  /// at 0; exactly 0 below the normal range (t < −126, x < −87.34); +∞ from
+  /// t ≥ 128. Float only (bfloat16 storage computes in float). AVX-512: f
+  /// from one vreduceps, 2^n from one masked vscalefps (the same values).
   static V exp_bf16(V x) {
     static_assert(kFloat, "exp_bf16: float lanes");
     const V t = x * 1.44269504088896341f;
