@@ -36,7 +36,7 @@
 // terms. (Q·K's products are exact in float; the sum and c_i ⊗ S_raw have the
 // float bound's form.) There softmax's and focal's weights e^{s−m} are
 // evaluated to bfloat16's accuracy too (vector_moments.hpp, exp_bf16: relative
-// error ≤ 9.51e-6 < ε, test_vector_moments.cpp), W_j (1 + η_j) in W̃ and in l
+// error ≤ 9.56e-6 < ε, test_vector_moments.cpp), W_j (1 + η_j) in W̃ and in l
 // alike: the continuum stencil's argument with the same ε, so the same 2ε ·
 // max|v| (out), ε (lse) and 12ε (the backward, through lse and the row
 // statistics) apply. The backward's score products S and dP take bfloat16

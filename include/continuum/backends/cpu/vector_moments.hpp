@@ -49,7 +49,7 @@
 // vector form scales by 2^n with one vscalefps/vscalefpd where there is AVX-512
 // (the same values as the exponent-bits product). exp_bf16: e^x to bfloat16's
 // accuracy (softmax's weights on a bfloat16 unit), 2^⌊t⌋ · 2^f of degree 4,
-// relative error ≤ 9.51e-6.
+// relative error ≤ 9.56e-6.
 #pragma once
 
 #include <cmath>
@@ -323,14 +323,16 @@ struct VectorOps {
 
   /// e^x to bfloat16's accuracy, for softmax's weights on a bfloat16 unit
   /// (rounded to bfloat16 for P·V; MATH.md §10): 2^t for t = x ⊗ log2(e),
-  /// split exactly into n = ⌊t⌋ and f = t − n ∈ [0, 1); 2^f of degree 4 with
-  /// p(0) = 1 (a relative minimax fit on [0, 1): 2.9e-6, 3.0e-6 with Horner's
-  /// roundings), times 2^n exactly. The roundings of t and of log2(e) in
-  /// float add at most 1.25 · 2^-24·|x| relative (6.5e-6 at the bottom of the
-  /// range): ≤ 9.51e-6 < 2^-14 in all (test_vector_moments.cpp). Exactly 1
-  /// at 0; exactly 0 below the normal range (t < −126, x < −87.34); +∞ from
-  /// t ≥ 128. Float only (bfloat16 storage computes in float). AVX-512: f
-  /// from one vreduceps, 2^n from one masked vscalefps (the same values).
+  /// split into n = ⌊t⌋ and f = t − n ∈ [0, 1] (exact but for one rounding
+  /// where t < 0, ≤ 2^-25); 2^f of degree 4 with p(0) = 1 (a relative minimax
+  /// fit on [0, 1]: 2.9e-6, 3.0e-6 with Horner's roundings), times 2^n
+  /// exactly. f's rounding adds ≤ 2^-25·ln 2 (2.1e-8), the roundings of t and
+  /// of log2(e) in float at most 1.25 · 2^-24·|x| relative (6.5e-6 at the
+  /// bottom of the range): ≤ 9.56e-6 < 2^-14 in all (test_vector_moments.cpp).
+  /// Exactly 1 at 0; exactly 0 below the normal range (t < −126, x < −87.34);
+  /// +∞ from t ≥ 128. Float only (bfloat16 storage computes in float).
+  /// AVX-512: f from one vreduceps, 2^n from one masked vscalefps (the same
+  /// values).
   static V exp_bf16(V x) {
     static_assert(kFloat, "exp_bf16: float lanes");
     const V t = x * 1.44269504088896341f;
@@ -354,7 +356,7 @@ struct VectorOps {
     return under ? V{} : (top ? scaled * 2.0f : scaled);
   }
 
-  /// 2^f on [0, 1) for exp_bf16: degree 4, p(0) = 1 exactly.
+  /// 2^f on [0, 1] for exp_bf16: degree 4, p(0) = 1 exactly.
   static V exp2_fraction(V f) {
     V p = splat(0.013426518999040127f);
     p = p * f + 0.052242740988731384f;
