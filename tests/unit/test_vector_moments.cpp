@@ -377,3 +377,92 @@ TEST_CASE("bf16-accuracy segment terms stay within 2^-14 of the moments", "[vect
   vb.check(false);
 #endif
 }
+
+#if defined(CONTINUUM_CPU_SIMD)
+// exp_stencil_bf16 (the knots' exponentials of the bfloat16 stencil; MATH.md §10,
+// "The bfloat16 stencil"): exp_clamped's reduction r = x − n · ln 2 (two parts)
+// and scaling, e^r of degree 5 (minimax 7.4e-8 on |r| ≤ ln2/2; with the
+// roundings of r and of Horner's steps 1.90e-7 measured with FMA, 2.00e-7
+// without): each x is held to 2.1e-7. Exactly 1 at 0, exactly 0 below the
+// normal range, finite where x > 0 (lanes past a row).
+TEST_CASE("vector exp_stencil_bf16 within its bound, 1 at 0, 0 below the normal range", "[vector_moments]") {
+  using V = Simd<float>::v;
+  constexpr int W = Simd<float>::W;
+  std::vector<float> xs = {0.0f, -1e-30f, -0.5f, -1.0f, -10.0f, -87.3f, -0.3465736f, -0.3465737f, -0.6931472f};
+  std::mt19937_64 rng(13);
+  std::uniform_real_distribution<double> u(-87.3, 0.0), near(-3.0, 0.0);
+  for (int k = 0; k < 40000; ++k) xs.push_back(float(u(rng)));
+  for (int k = 0; k < 40000; ++k) xs.push_back(float(near(rng)));
+  for (int k = 0; k <= 1 << 14; ++k) xs.push_back(-0.6931472f * float(k) / float(1 << 14));  // r over [−ln2/2, ln2/2]
+  while (xs.size() % W) xs.push_back(0.0f);
+  double worst = 0, worst_x = 0;
+  for (std::size_t i = 0; i < xs.size(); i += W) {
+    V x;
+    for (int l = 0; l < W; ++l) x[l] = xs[i + std::size_t(l)];
+    const V y = VectorOps<float>::exp_stencil_bf16(x);
+    for (int l = 0; l < W; ++l) {
+      const double want = std::exp(double(x[l]));
+      const double e = std::abs(double(y[l]) - want) / want;
+      if (!(e <= worst)) {
+        worst = e;
+        worst_x = double(x[l]);
+      }
+    }
+  }
+  std::printf("[vector_moments] float  exp_stencil_bf16 max relative error %.3g (x=%g)\n", worst, worst_x);
+  CHECK(worst <= 2.1e-7);
+  V x{};
+  CHECK(VectorOps<float>::exp_stencil_bf16(x)[0] == 1.0f);
+  for (int l = 0; l < W; ++l) x[l] = float(-87.34 - l);
+  V y = VectorOps<float>::exp_stencil_bf16(x);
+  for (int l = 0; l < W; ++l) CHECK(y[l] == 0.0f);
+  for (int l = 0; l < W; ++l) x[l] = float(1 + 500 * l);
+  y = VectorOps<float>::exp_stencil_bf16(x);
+  for (int l = 0; l < W; ++l) CHECK(std::isfinite(y[l]));
+}
+
+// The forward weights as row_continuum_weights forms them at bfloat16's
+// accuracy: knots x and y (floats; d = y − x in float), their exponentials from
+// exp_stencil_bf16. The closed forms amplify the knots' errors by up to
+// (|d − 1| + e^{−d}) / (d − 1 + e^{−d}) ≤ 75 at the edge |d| = 1/4, so the
+// exponential's 2.1e-7 becomes ≤ 1.6e-5; with the terms' own error (above)
+// every weight stays within 2^-14 of the double moments, relative, for knots
+// down to the normal range's end. Pairs (M − b, M), both orders, M from 0 to
+// −80.
+TEST_CASE("bf16-accuracy forward weights from exp_stencil_bf16's knots stay within 2^-14", "[vector_moments]") {
+  using VO = VectorOps<float>;
+  using V = Simd<float>::v;
+  constexpr int W = Simd<float>::W;
+  const std::vector<float> bs = sample_b_bf16();
+  double worst = 0, worst_b = 0, worst_m = 0;
+  for (float M : {0.0f, -0.5f, -3.0f, -10.0f, -40.0f, -80.0f}) {
+    std::vector<float> lo;
+    for (float b : bs)
+      if (M - b > -87.0f) lo.push_back(M - b);
+    while (lo.size() % W) lo.push_back(M);
+    for (std::size_t i = 0; i < lo.size(); i += W) {
+      V x, y = VO::splat(M);
+      for (int l = 0; l < W; ++l) x[l] = lo[i + std::size_t(l)];
+      const V ex = VO::exp_stencil_bf16(x), ey = VO::exp_stencil_bf16(y);
+      V wx, wy, vx, vy;
+      VO::segment_weights<StencilAccuracy::bf16>(y - x, ex, ey, wx, wy);  // right knot the larger
+      VO::segment_weights<StencilAccuracy::bf16>(x - y, ey, ex, vx, vy);  // left knot the larger
+      for (int l = 0; l < W; ++l) {
+        const double b = double(M) - double(x[l]);  // exact
+        const double scale = std::exp(double(M));
+        const double near = scale * nu(-b), far = scale * mu1(-b);
+        for (const double e : {std::abs(double(wy[l]) - near) / near, std::abs(double(wx[l]) - far) / far,
+                               std::abs(double(vx[l]) - near) / near, std::abs(double(vy[l]) - far) / far})
+          if (!(e <= worst)) {
+            worst = std::isnan(e) ? std::numeric_limits<double>::infinity() : e;
+            worst_b = b;
+            worst_m = double(M);
+          }
+      }
+    }
+  }
+  std::printf("[vector_moments] bf16 fwd weights, knots from exp_stencil_bf16: max rel %.2e (b=%g, M=%g)\n", worst,
+              worst_b, worst_m);
+  CHECK(worst <= 1.0 / 16384);
+}
+#endif

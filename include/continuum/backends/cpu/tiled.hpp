@@ -861,13 +861,21 @@ inline int for_segment_vectors(index_t c0, index_t c1, Step&& step) {
 /// [c0, c1 + W - 1): both buffers carry W spare elements.
 template <class T, StencilAccuracy A = StencilAccuracy::full>
 inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bool half_lo, bool half_hi) {
-  const T e0 = exp_clamped(s[c0] - m);
 #if defined(CONTINUUM_CPU_SIMD)
   if constexpr (kVector<T>) {
   using S = Simd<T>;
   using V = typename S::v;
   using VI = typename S::vi;
   using O = VectorOps<T>;
+  // The knots' exponentials: at bfloat16's accuracy from exp_stencil_bf16 (a
+  // few float ulps, cheaper; MATH.md §10, "The bfloat16 stencil").
+  const auto exp_knots = [](V x) {
+    if constexpr (A == StencilAccuracy::bf16)
+      return O::exp_stencil_bf16(x);
+    else
+      return O::exp_clamped(x);
+  };
+  const T e0 = exp_knots(O::splat(s[c0] - m))[0];
   const VI lane = S::lanes();
   V e_prev = O::splat(e0);                           // lane W-1: e at knot c - 1
   V left_prev = O::splat(half_lo ? T(0.5) * e0 : T(0));  // lane W-1: left weight of knot c - 1
@@ -900,7 +908,7 @@ inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bo
   // pass reads before it overwrites them). Taking exp out of the segment loop
   // shortens that loop's dependency chain, so more of its iterations overlap;
   // the values are the same.
-  for (index_t c = c0 + 1; c < c1; c += S::W) S::store(w + c, O::exp_clamped(S::load(s + c) - m));
+  for (index_t c = c0 + 1; c < c1; c += S::W) S::store(w + c, exp_knots(S::load(s + c) - m));
   const int k = for_segment_vectors<S::W>(c0, c1, step);
   if (k >= 0) {  // knot c1 - 1 sits in lane k of the last vector handled
     last_left = left_prev[k];
@@ -912,6 +920,8 @@ inline T row_continuum_weights(const T* s, T m, T* w, index_t c0, index_t c1, bo
   } else
 #endif
   {
+  // (Without vector lanes exp_clamped at either accuracy: within both bounds.)
+  const T e0 = exp_clamped(s[c0] - m);
   T e_prev = e0, left_prev = half_lo ? T(0.5) * e0 : T(0), sum = T(0);
   for (index_t j = c0 + 1; j < c1; ++j) {
     const T ey = exp_clamped(s[j] - m);

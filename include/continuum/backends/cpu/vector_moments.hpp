@@ -38,8 +38,10 @@
 // |d| ≥ 1/4 (forward) and |d| ≥ 1/2 (backward), so the series regime shrinks
 // to |d| ≤ 1/4: h of degree 3 (relative error 1.4e-6), and |d| ≤ 1/2: q, k of
 // degree 4 (3.1e-7, 2.1e-6). The series is short, so every vector evaluates
-// both regimes and blends them without a branch (kBothRegimes); exp is the
-// same (the closed forms amplify its error by the same 1/d², 1/|d|³).
+// both regimes and blends them without a branch (kBothRegimes). The closed
+// forms amplify the knots' exponentials' errors by the same 1/d², 1/|d|³ (at
+// most 75 at the forward's edge): the forward takes them from exp_stencil_bf16
+// (≤ 2.1e-7, so ≤ 1.6e-5 in a weight), the backward from exp_clamped.
 //
 // exp_clamped(x): e^x for x ≤ 88.7 (float) / 709 (double); returns exactly 0
 // below the normal range (x < -87.34 / -708.40) instead of a subnormal, so the
@@ -49,7 +51,8 @@
 // vector form scales by 2^n with one vscalefps/vscalefpd where there is AVX-512
 // (the same values as the exponent-bits product). exp_bf16: e^x to bfloat16's
 // accuracy (softmax's weights on a bfloat16 unit), 2^⌊t⌋ · 2^f of degree 4,
-// relative error ≤ 9.56e-6.
+// relative error ≤ 9.56e-6. exp_stencil_bf16: exp_clamped with e^r of degree 5
+// instead of 7 (relative error ≤ 2.1e-7), for the bfloat16 stencil's knots.
 #pragma once
 
 #include <cmath>
@@ -356,6 +359,33 @@ struct VectorOps {
     return under ? V{} : (top ? scaled * 2.0f : scaled);
   }
 
+  /// e^x for the knots of the bfloat16 stencil (row_continuum_weights with
+  /// StencilAccuracy::bf16; MATH.md §10, "The bfloat16 stencil"): exp_clamped's
+  /// reduction (n = round(x · log2 e), r = x − n · ln 2 in two parts) and
+  /// scaling (2^n, 0 below the normal range, the same saturation), with e^r of
+  /// degree 5 instead of 7: p(0) = 1, a relative minimax fit on |r| ≤ ln2/2
+  /// (7.4e-8; with the roundings of r and of Horner's steps 1.9e-7 measured,
+  /// 2.0e-7 without FMA). Relative error ≤ 2.1e-7 (test_vector_moments.cpp),
+  /// in 14 vector operations instead of 16 (AVX-512). Exactly 1 at 0. Float
+  /// only.
+  static V exp_stencil_bf16(V x) {
+    static_assert(kFloat, "exp_stencil_bf16: float lanes");
+    constexpr float kLog2e = 1.44269504088896341f;
+    constexpr float kMagic = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
+    constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+    const V t = x * kLog2e + kMagic;
+    const V n = t - kMagic;
+    V r = x - n * kLn2Hi;
+    r = r - n * kLn2Lo;
+    V p = splat(0.008325657807290554f);
+    p = p * r + 0.04190809279680252f;
+    p = p * r + 0.16666939854621887f;
+    p = p * r + 0.49999043345451355f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    return scale_by_exponent(p, t, n, x);
+  }
+
   /// 2^f on [0, 1] for exp_bf16: degree 4, p(0) = 1 exactly.
   static V exp2_fraction(V f) {
     V p = splat(0.013426518999040127f);
@@ -493,8 +523,7 @@ struct VectorOps {
   template <StencilAccuracy A = StencilAccuracy::full>
   static void segment_weights(V d, V Ex, V Ey, V& wx, V& wy) {
     using R = Series<T, A>;
-    const V b = vabs(d);
-    const int regime = kBothRegimes<A> ? 1 : series_lanes(b, R::fwd_edge);
+    const int regime = kBothRegimes<A> ? 1 : series_lanes(vabs(d), R::fwd_edge);
     V sy{}, sx{};
     if (regime != 0) {
       V hp, hm;
@@ -509,7 +538,7 @@ struct VectorOps {
     }
     // The series lanes divide by the edge instead (their closed forms are
     // not selected): no 1/0, 0·∞ or NaN is formed.
-    const VI series = b <= R::fwd_edge;
+    const VI series = d * d <= R::fwd_edge * R::fwd_edge;  // |d| ≤ edge (a power of 2: exact)
     const V r = reciprocal(regime == 0 ? d : series ? splat(R::fwd_edge) : d);
     const V mass = (Ey - Ex) * r;
     const V cy = (Ey - mass) * r, cx = (mass - Ex) * r;
