@@ -16,8 +16,11 @@ on [-2, 2] of degree 10 (float) and 17 (double), and at bfloat16 accuracy
 q, k on [-1/2, 1/2] of degree 4. Each with its largest error relative to the
 function on the interval (1001 points).
 
+It also prints the degree-5 polynomial of e^r in exp_stencil_bf16 (the bfloat16
+stencil's knot exponentials), minimax in relative error on |r| <= ln2/2.
+
 Usage: python scripts/gen_moments_bf16.py   (needs mpmath, a dependency of
-PyTorch in the project's virtual environment)
+PyTorch, and scipy, both in the project's virtual environment)
 """
 import mpmath as mp
 
@@ -51,6 +54,27 @@ def fit(name, ctype, edge, degree, suffix=""):
     print(f"  static constexpr {ctype} {name}{suffix}[{n}] = {{{body}}};")
 
 
+def fit_exp(degree=5):
+    """exp_stencil_bf16's e^r on |r| <= ln2/2 (docs/MATH.md §10, "The bfloat16
+    stencil"): 1 + c1 r + ... + c_degree r^degree, minimax in relative error on a
+    dense grid (a linear program, scipy), rounded to float, lowest power first."""
+    import numpy as np
+    from scipy.optimize import linprog
+
+    half = np.log(2) / 2 * 1.0001  # t's rounding can pick the neighbouring n
+    r = np.linspace(-half, half, 4001)
+    a = np.stack([r**k for k in range(1, degree + 1)], 1) / np.exp(r)[:, None]
+    b = 1 - np.exp(-r)  # p(r) e^-r - 1 = a c - b, kept within [-t, t]
+    ones = np.ones((len(r), 1))
+    res = linprog(np.r_[np.zeros(degree), 1], A_ub=np.block([[a, -ones], [-a, -ones]]), b_ub=np.r_[b, -b],
+                  bounds=[(None, None)] * degree + [(0, None)], method="highs")
+    coeffs = [float(np.float32(c)) for c in res.x[:degree]]
+    body = ", ".join(repr(c) + "f" for c in coeffs)
+    print(f"  // exp_stencil_bf16: e^r ~ 1 + c1 r + ... + c{degree} r^{degree} on |r| <= ln2/2, max relative error"
+          f" {res.x[-1]:.1e} before rounding")
+    print(f"  // c1 ... c{degree} = {body}")
+
+
 if __name__ == "__main__":
     for name in ("h", "q", "k"):
         fit(name, "float", 2, 10)
@@ -59,3 +83,4 @@ if __name__ == "__main__":
     fit("h", "float", mp.mpf(1) / 4, 3, "_bf16")
     for name in ("q", "k"):
         fit(name, "float", mp.mpf(1) / 2, 4, "_bf16")
+    fit_exp()

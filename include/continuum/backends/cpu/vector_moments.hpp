@@ -364,10 +364,10 @@ struct VectorOps {
   /// reduction (n = round(x · log2 e), r = x − n · ln 2 in two parts) and
   /// scaling (2^n, 0 below the normal range, the same saturation), with e^r of
   /// degree 5 instead of 7: p(0) = 1, a relative minimax fit on |r| ≤ ln2/2
-  /// (7.4e-8; with the roundings of r and of Horner's steps 1.9e-7 measured,
-  /// 2.0e-7 without FMA). Relative error ≤ 2.1e-7 (test_vector_moments.cpp),
-  /// in 14 vector operations instead of 16 (AVX-512). Exactly 1 at 0. Float
-  /// only.
+  /// (scripts/gen_moments_bf16.py), 7.4e-8; with the roundings of r and of
+  /// Horner's steps 1.9e-7 measured (2.0e-7 without FMA). Relative error
+  /// ≤ 2.1e-7 (test_vector_moments.cpp), in 12 vector operations instead of
+  /// 15 (AVX-512). Exactly 1 at 0. Float only.
   static V exp_stencil_bf16(V x) {
     static_assert(kFloat, "exp_stencil_bf16: float lanes");
     constexpr float kLog2e = 1.44269504088896341f;
