@@ -39,9 +39,10 @@
 // to |d| ≤ 1/4: h of degree 3 (relative error 1.4e-6), and |d| ≤ 1/2: q, k of
 // degree 4 (3.1e-7, 2.1e-6). The series is short, so every vector evaluates
 // both regimes and blends them without a branch (kBothRegimes). The closed
-// forms amplify the knots' exponentials' errors by the same 1/d², 1/|d|³ (at
-// most 75 at the forward's edge): the forward takes them from exp_stencil_bf16
-// (≤ 2.1e-7, so ≤ 1.6e-5 in a weight), the backward from exp_clamped.
+// forms' cancellation amplifies the knots' exponentials' errors too, growing
+// like 1/d² and 1/|d|³ (a weight's by at most 75 at the forward's edge
+// |d| = 1/4): the forward takes them from exp_stencil_bf16 (≤ 2.1e-7, so
+// ≤ 1.6e-5 in a weight), the backward from exp_clamped.
 //
 // exp_clamped(x): e^x for x ≤ 88.7 (float) / 709 (double); returns exactly 0
 // below the normal range (x < -87.34 / -708.40) instead of a subnormal, so the
