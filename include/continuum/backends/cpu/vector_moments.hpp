@@ -283,15 +283,23 @@ struct VectorOps {
 
   static V splat(T x) { return V{} + x; }
 
+  /// exp's argument reduction in float (exp_clamped, exp_stencil_bf16): t =
+  /// x·log2(e) + kMagic, whose low bits hold n = round(x·log2 e), n itself,
+  /// and r = x − n·ln 2 with ln 2 in two parts (Cody–Waite: n·kLn2Hi exact).
+  static V reduce_float(V x, V& t, V& n) {
+    constexpr float kLog2e = 1.44269504088896341f;
+    constexpr float kMagic = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
+    constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+    t = x * kLog2e + kMagic;
+    n = t - kMagic;
+    const V r = x - n * kLn2Hi;
+    return r - n * kLn2Lo;
+  }
+
   static V exp_clamped(V x) {
     if constexpr (kFloat) {
-      constexpr float kLog2e = 1.44269504088896341f;
-      constexpr float kMagic = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
-      constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-      const V t = x * kLog2e + kMagic;
-      const V n = t - kMagic;
-      V r = x - n * kLn2Hi;
-      r = r - n * kLn2Lo;
+      V t, n;
+      const V r = reduce_float(x, t, n);
       V p = splat(1.9875691500e-4f);
       p = p * r + 1.3981999507e-3f;
       p = p * r + 8.3334519073e-3f;
@@ -371,13 +379,8 @@ struct VectorOps {
   /// 15 (AVX-512). Exactly 1 at 0. Float only.
   static V exp_stencil_bf16(V x) {
     static_assert(kFloat, "exp_stencil_bf16: float lanes");
-    constexpr float kLog2e = 1.44269504088896341f;
-    constexpr float kMagic = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
-    constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-    const V t = x * kLog2e + kMagic;
-    const V n = t - kMagic;
-    V r = x - n * kLn2Hi;
-    r = r - n * kLn2Lo;
+    V t, n;
+    const V r = reduce_float(x, t, n);
     V p = splat(0.008325657807290554f);
     p = p * r + 0.04190809279680252f;
     p = p * r + 0.16666939854621887f;
