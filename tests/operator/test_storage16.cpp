@@ -1247,8 +1247,9 @@ TEST_CASE("bfloat16 storage: every finite bfloat16 value goes through a call exa
           "[operator][bfloat16]") {
   // Slot (key j, column d) of V holds the bit pattern d·1024 + j, or 0 where
   // that pattern is an infinity or NaN: all 65 280 finite bfloat16 values
-  // once, each column through the SSE2 eight-at-a-time widening (Dv = 64),
-  // none through the scalar tail only.
+  // once, each column through the vector widening (convert_n: sixteen at a
+  // time on AVX-512, eight on AVX2 and SSE2; Dv = 64), none through the
+  // scalar tail only.
   constexpr index_t L = 1024, Dv = 64;
   const auto finite = [](std::uint16_t b) { return (b & 0x7f80) != 0x7f80; };
   std::vector<bfloat16> v(std::size_t(L * Dv));

@@ -45,15 +45,31 @@ namespace cpu_detail {
 
 /// dst[0, n) = src[0, n) converted: exact where it widens, to nearest even
 /// where it narrows (float ↔ float16 eight at a time with F16C, which the
-/// avx2 and avx512 kernels have; bfloat16 → float eight at a time with SSE2,
-/// which every x86-64 has: each 16-bit pattern becomes the high half of a
-/// float whose low half is zero — the same values as Eigen's scalar
-/// conversion, which does the rest, NaN payloads included; a 16-bit call's
-/// conversions would otherwise cost as much as a fifth of a forward, and a
-/// bfloat16 decode step widens its whole KV cache: docs/PERFORMANCE.md).
+/// avx2 and avx512 kernels have; bfloat16 → float sixteen at a time with
+/// AVX-512, eight with AVX2 or SSE2, which every x86-64 has: each 16-bit
+/// pattern becomes the high half of a float whose low half is zero — the same
+/// values as Eigen's scalar conversion, which does the rest, NaN payloads
+/// included; a 16-bit call's conversions would otherwise cost as much as a
+/// fifth of a forward, and a bfloat16 decode step widens its whole KV cache:
+/// docs/PERFORMANCE.md). The floats are stored as wide as the kernels' vectors
+/// read them back (add_scaled): a wider load of narrower stores waits for them
+/// to reach the cache instead of being forwarded.
 template <class D, class S>
 inline void convert_n(const S* src, D* dst, index_t n) {
   index_t i = 0;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same<S, bfloat16>::value && std::is_same<D, float>::value)
+    for (; i + 16 <= n; i += 16) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+      _mm512_storeu_si512(dst + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+    }
+#elif defined(__AVX2__)
+  if constexpr (std::is_same<S, bfloat16>::value && std::is_same<D, float>::value)
+    for (; i + 8 <= n; i += 8) {
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
+    }
+#endif
 #if defined(__SSE2__)
   if constexpr (std::is_same<S, bfloat16>::value && std::is_same<D, float>::value)
     for (; i + 8 <= n; i += 8) {
