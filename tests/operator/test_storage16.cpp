@@ -1261,6 +1261,66 @@ TEST_CASE("bfloat16 storage: every finite bfloat16 value goes through a call exa
   check_exact_through_softmax(v, L, Dv);
 }
 
+TEST_CASE("bfloat16 storage: outputs a quarter, a half and three quarters of an ulp above every finite value round "
+          "to nearest even, on every instruction set but the bfloat16 units",
+          "[operator][bfloat16]") {
+  // Each head has four keys and one query that sees them all with equal
+  // weights (query and keys 0: every score 0), so that its output is the mean
+  // of its four values, exact in float: (3a + b)/4 with b = a + k ulps of a,
+  // k = 1, 2, 3, for every finite bfloat16 a (b = a where a + k ulps is not
+  // finite) — a quarter, a half or three quarters of an ulp above a, through
+  // the next binade where a's mantissa is all ones. Its rounding to bfloat16
+  // (convert_n, Dv = 64 columns: the compiler's vector loop in each
+  // instruction set's kernels) must be Eigen's scalar one.
+  // The rows 1 to 3 of each head see fewer keys and are not checked.
+  constexpr index_t L = 4, Dv = 64;
+  const auto finite = [](std::uint32_t b) { return b < 0x10000 && (b & 0x7f80) != 0x7f80; };
+  std::vector<std::uint16_t> a_bits;
+  for (std::uint32_t b = 0; b < 0x10000; ++b)
+    if (finite(b)) a_bits.push_back(std::uint16_t(b));
+  const index_t cases = index_t(3 * a_bits.size()), H = (cases + Dv - 1) / Dv;
+  std::vector<bfloat16> q(std::size_t(H * L), bfloat16(0.0f)), v(std::size_t(H * L * Dv), bfloat16(0.0f)),
+      o(std::size_t(H * L * Dv));
+  std::vector<float> want(static_cast<std::size_t>(cases));
+  for (index_t c = 0; c < cases; ++c) {
+    const std::uint16_t a = a_bits[std::size_t(c / 3)];
+    // (within a sign, consecutive patterns are consecutive values)
+    const std::uint32_t b = a + std::uint32_t(c % 3 + 1);
+    const bfloat16 va = Eigen::numext::bit_cast<bfloat16>(a);
+    const bfloat16 vb = finite(b) && (b & 0x8000) == (a & 0x8000u) ? Eigen::numext::bit_cast<bfloat16>(std::uint16_t(b)) : va;
+    const index_t h = c / Dv, d = c % Dv;
+    for (index_t j = 0; j < L; ++j) v[std::size_t((h * L + j) * Dv + d)] = j == 3 ? vb : va;
+    // exact in float: each quarter is (2^-133 / 4 is no float denormal's
+    // rounding), and so is their sum (values within 3 ulps of each other)
+    want[std::size_t(c)] = float(va) / 4 + float(va) / 4 + float(va) / 4 + float(vb) / 4;
+  }
+  std::vector<float> lse(static_cast<std::size_t>(H * L));
+  using CV = continuum::TensorView<const bfloat16>;
+  for_each_vector_isa<bfloat16>("bfloat16 rounding of outputs",
+                                "this build's kernels use a bfloat16 unit, which flushes denormal inputs", [&] {
+    continuum::ForwardArgs<bfloat16> fa;
+    fa.query = CV::bhsd(q.data(), 1, H, L, 1);
+    fa.key = CV::bhsd(q.data(), 1, H, L, 1);
+    fa.value = CV::bhsd(v.data(), 1, H, L, Dv);
+    fa.out = continuum::TensorView<bfloat16>::bhsd(o.data(), 1, H, L, Dv);
+    fa.lse = lse.data();
+    fa.kernel = continuum::Kernel::softmax;
+    fa.visibility.window_left = 0;
+    fa.visibility.window_right = 3;
+    continuum::attention_forward(continuum::cpu, fa);
+    std::size_t wrong = 0;
+    for (index_t c = 0; c < cases; ++c) {
+      const float x = want[std::size_t(c)];
+      const bfloat16 got = o[std::size_t((c / Dv) * L * Dv + c % Dv)];
+      const bool same = x == 0.0f ? float(got) == 0.0f
+                                  : Eigen::numext::bit_cast<std::uint16_t>(got) ==
+                                        Eigen::numext::bit_cast<std::uint16_t>(bfloat16(x));
+      if (!same && wrong++ < 5) UNSCOPED_INFO("mean " << x << " (case " << c << "): " << float(got));
+    }
+    CHECK(wrong == 0);
+  });
+}
+
 TEMPLATE_TEST_CASE("16-bit storage: every key value the float kernels take is widened exactly, on every instruction "
                    "set (the key tile's in-register widening)",
                    "[operator][bfloat16][float16]", bfloat16, float16) {
