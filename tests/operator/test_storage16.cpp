@@ -1266,10 +1266,11 @@ TEST_CASE("bfloat16 storage: outputs a quarter, a half and three quarters of an 
           "[operator][bfloat16]") {
   // Each head has four keys and one query that sees them all with equal
   // weights (query and keys 0: every score 0), so that its output is the mean
-  // of its four values, exact in float: (3a + b)/4 with b = a + k ulps of a,
-  // k = 1, 2, 3, for every finite bfloat16 a (b = a where a + k ulps is not
-  // finite) — a quarter, a half or three quarters of an ulp above a, through
-  // the next binade where a's mantissa is all ones. Its rounding to bfloat16
+  // of its four values, exact in float: (3a + b)/4 for every finite bfloat16
+  // a, with b the value k = 1, 2, 3 bit patterns after a's (k ulps farther
+  // from 0; b = a where that pattern is not finite or has the other sign) — a
+  // quarter, a half or three quarters of an ulp beyond a, into the next
+  // binade where a's mantissa is all ones. Its rounding to bfloat16
   // (convert_n, Dv = 64 columns: the compiler's vector loop in each
   // instruction set's kernels) must be Eigen's scalar one.
   // The rows 1 to 3 of each head see fewer keys and are not checked.
@@ -1286,12 +1287,13 @@ TEST_CASE("bfloat16 storage: outputs a quarter, a half and three quarters of an 
     const std::uint16_t a = a_bits[std::size_t(c / 3)];
     // (within a sign, consecutive patterns are consecutive values)
     const std::uint32_t b = a + std::uint32_t(c % 3 + 1);
+    const bool b_ok = finite(b) && (b & 0x8000u) == (a & 0x8000u);
     const bfloat16 va = Eigen::numext::bit_cast<bfloat16>(a);
-    const bfloat16 vb = finite(b) && (b & 0x8000) == (a & 0x8000u) ? Eigen::numext::bit_cast<bfloat16>(std::uint16_t(b)) : va;
+    const bfloat16 vb = b_ok ? Eigen::numext::bit_cast<bfloat16>(std::uint16_t(b)) : va;
     const index_t h = c / Dv, d = c % Dv;
     for (index_t j = 0; j < L; ++j) v[std::size_t((h * L + j) * Dv + d)] = j == 3 ? vb : va;
-    // exact in float: each quarter is (2^-133 / 4 is no float denormal's
-    // rounding), and so is their sum (values within 3 ulps of each other)
+    // exact in float: each quarter (2^-133 / 4 = 2^-135 is still a float),
+    // and their sum (four values within 3 ulps of each other)
     want[std::size_t(c)] = float(va) / 4 + float(va) / 4 + float(va) / 4 + float(vb) / 4;
   }
   std::vector<float> lse(static_cast<std::size_t>(H * L));
