@@ -7,13 +7,19 @@
 //   64-byte line, the row stride whole lines, zeros when asked, rows apart;
 // - row_find (where the forward finds the column of a new row maximum, the
 //   reference key: whole vectors compared, the lane from the mask): the first c in [c0, c1)
-//   with s[c] == v, c1 when there is none.
+//   with s[c] == v, c1 when there is none;
+// - KeyMagnitudes::range_max (row_eligibility's largest ‖k‖², ‖v‖² and NaN/Inf
+//   flag over a row's visible keys, from per-block, prefix and suffix maxima):
+//   the maxima and the flag of the keys [lo, hi), for every range.
 #include <catch2/catch.hpp>
 
 #include <continuum/backends/cpu/tiled.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <vector>
 
 TEMPLATE_TEST_CASE("pack_transposed is the transpose, zero-padded", "[unit][tiled]", float, double) {
@@ -102,4 +108,56 @@ TEMPLATE_TEST_CASE("ScoreTile puts every row's first key on a 64-byte line, rows
   for (index_t r = 0; r < rows; ++r)
     for (index_t c = 0; c < cols; ++c) wrong += tile(r, c) != T(r * cols + c);
   CHECK(wrong == 0);
+}
+
+TEST_CASE("KeyMagnitudes::range_max is the maximum over every key range", "[unit][tiled]") {
+  using continuum::index_t;
+  namespace tl = continuum::cpu_detail::tiled;
+  const index_t Lk = GENERATE(index_t(1), index_t(2), tl::kNormBlock - 1, tl::kNormBlock, tl::kNormBlock + 1,
+                              3 * tl::kNormBlock + 45);
+  const index_t D = 3, Dv = 2;
+  std::mt19937 rng{static_cast<unsigned>(Lk)};
+  std::uniform_real_distribution<float> u(-2, 2);
+  std::vector<float> k(std::size_t(Lk * D)), v(std::size_t(Lk * Dv));
+  for (float& x : k) x = u(rng);
+  for (float& x : v) x = u(rng);
+  // A NaN key, an infinite value and a norm that overflows float (+inf, finite elements).
+  if (Lk > 5) k[std::size_t(5 * D + 1)] = std::numeric_limits<float>::quiet_NaN();
+  if (Lk > tl::kNormBlock + 2) v[std::size_t((tl::kNormBlock + 2) * Dv)] = -std::numeric_limits<float>::infinity();
+  if (Lk > 200) k[std::size_t(200 * D)] = 3e30f;
+  const auto kv = continuum::TensorView<const float>::bhsd(k.data(), 1, 1, Lk, D);
+  const auto vv = continuum::TensorView<const float>::bhsd(v.data(), 1, 1, Lk, Dv);
+  tl::KeyMagnitudes<float> km;
+  km.build(kv, vv, 0, 0);
+  const auto norm2 = [](const float* x, index_t n) {
+    double s = 0;
+    for (index_t d = 0; d < n; ++d) s += double(x[d]) * x[d];
+    return s;
+  };
+  const auto finite = [](const float* x, index_t n) { return std::all_of(x, x + n, [](float e) { return std::isfinite(e); }); };
+  index_t wrong = 0, flagged = 0;
+  for (index_t lo = 0; lo < Lk; ++lo) {
+    double kmax = 0, vmax = 0;
+    bool bad = false;
+    for (index_t hi = lo + 1; hi <= Lk; ++hi) {
+      const float* kr = k.data() + (hi - 1) * D;
+      const float* vr = v.data() + (hi - 1) * Dv;
+      bad = bad || !finite(kr, D) || !finite(vr, Dv);
+      if (finite(kr, D)) kmax = std::max(kmax, norm2(kr, D));
+      if (finite(vr, Dv)) vmax = std::max(vmax, norm2(vr, Dv));
+      float km2, vm2;
+      bool nonfinite;
+      km.range_max(lo, hi, km2, vm2, nonfinite);
+      flagged += nonfinite;
+      // (float sums of three squares: within 1e-6 of the double ones; ‖k‖² beyond FLT_MAX is +inf.)
+      const float inf = std::numeric_limits<float>::infinity();
+      const bool k_ok = kmax > std::numeric_limits<float>::max() ? km2 == inf : std::abs(km2 - kmax) <= 1e-6 * kmax;
+      const bool v_ok = std::abs(vm2 - vmax) <= 1e-6 * vmax;
+      const bool ok = nonfinite == bad && (bad || (k_ok && v_ok));
+      if (!ok && wrong++ < 5) UNSCOPED_INFO("[" << lo << ", " << hi << "): " << km2 << " " << vm2 << " " << nonfinite);
+    }
+  }
+  INFO("Lk " << Lk);
+  CHECK(wrong == 0);
+  if (Lk > 5) CHECK(flagged > 0);
 }
