@@ -631,6 +631,10 @@ CONTINUUM_DPBF16_FN bool round_row(const float* x, index_t lo, index_t hi, index
   const index_t skip_step = skip >= 0 ? skip / 32 * 32 : -1;
   for (index_t c = 0; c < n; c += 32) {
     const bool all = c >= u0 && c < u1 && c != skip_step;
+    if (!all && (c + 32 <= lo || c >= hi)) {  // no column of [lo, hi): zeros, no weights formed
+      _mm512_storeu_si512(out + c, _mm512_setzero_si512());
+      continue;
+    }
     __mmask16 k0 = all ? __mmask16(0xffff) : column_lanes(c, lo, hi);
     __mmask16 k1 = all ? __mmask16(0xffff) : column_lanes(c + 16, lo, hi);
     if (c == skip_step) {

@@ -1898,6 +1898,10 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
       // S[r0:r1, 1 + j] = Qs · K_tileᵀ for the tile keys j in [j0, j1) ⊇ [u0 - k0, u1 - k0).
       const index_t j0 = (u0 - k0) / kPad<T> * kPad<T>;
       const index_t j1 = std::min(round_up(u1 - k0, kPad<T>), ncp);
+      // A unit: the columns of W̃ and the key steps of P·V up to the last key
+      // the sub-block sees (those past it would add 0 · v: under a causal mask
+      // all but the last sub-block of a task stop short of the tile's end).
+      const index_t n_cols = round_up(u1 - k0, bf16::kStep);
       if (ws.on_unit()) {
         scores_bf16(r0, std::min(r1, nr_tiles), nr, j0, j1, ws);
       } else if (few_rows) {
@@ -1929,7 +1933,7 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
         const index_t vlo = std::max(lo, k0), vhi = std::min(hi, k1);
         ws.kb[r] = ws.ke[r] = 0;
         if (vlo >= vhi) {
-          if (ws.on_unit()) std::fill_n(ws.wb.data() + r * kBc, round_up(nc, bf16::kStep), std::uint16_t(0));
+          if (ws.on_unit()) std::fill_n(ws.wb.data() + r * kBc, n_cols, std::uint16_t(0));
           continue;
         }
         T* sr = ws.s.row(r);
@@ -1965,7 +1969,7 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
             ws.near_key[std::size_t(3 * r + 1)] = key0 + skip;
             ws.near_w[std::size_t(3 * r + 1)] = T(1);
           }
-          ws.l[r] += softmax_weights_bf16(sr, cv0, cv1, skip, r, round_up(nc, bf16::kStep), m, ws);
+          ws.l[r] += softmax_weights_bf16(sr, cv0, cv1, skip, r, n_cols, m, ws);
           continue;
         }
         // The halo (column cv0 - 1) takes part when that key is visible too.
@@ -2006,7 +2010,7 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
         // rows of ws.vstage, the tile's columns.
         ws.kb[r] = (staged ? 0 : key0) + ce0;
         ws.ke[r] = (staged ? 0 : key0) + cv1;
-        if (ws.on_unit()) weights_bf16(Dv, ce0, cv1, r, round_up(nc, bf16::kStep), ws);
+        if (ws.on_unit()) weights_bf16(Dv, ce0, cv1, r, n_cols, ws);
       }
       // O += W · V, each row over its own visible keys only (range_gemm): a
       // value the row cannot see never enters its sum (a unit: its weight is 0
@@ -2020,7 +2024,7 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
       // finite: row_eligibility); only a zero's sign can change, and
       // write_row writes either zero as +0.
       if (ws.on_unit())
-        accumulate_bf16(r0, std::min(r1, nr_tiles), nr, round_up(nc, bf16::kStep) / bf16::kStep, ws);
+        accumulate_bf16(r0, std::min(r1, nr_tiles), nr, n_cols / bf16::kStep, ws);
       else if constexpr (staged)
         range_gemm<T>(r1 - r0, Dv, ws.w.data() + r0 * ldw, ldw, 1, 0, ws.vstage.data(), Dv, ws.o.data() + r0 * Dv,
                       Dv, ws.kb.data() + r0, ws.ke.data() + r0);
