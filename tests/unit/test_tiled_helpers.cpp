@@ -8,6 +8,10 @@
 // - row_find (where the forward finds the column of a new row maximum, the
 //   reference key: whole vectors compared, the lane from the mask): the first c in [c0, c1)
 //   with s[c] == v, c1 when there is none;
+// - row_max (the forward's row maximum per key tile, its last columns one
+//   vector with the lanes past c1 left out): the largest s[c] over [c0, c1),
+//   whatever lies past c1 (+inf, NaN), which it leaves as it was (kScale:
+//   s[c] *= scale in the range only);
 // - KeyMagnitudes::range_max (row_eligibility's largest ‖k‖², ‖v‖² and NaN/Inf
 //   flag over a row's visible keys, from per-block, prefix and suffix maxima):
 //   the maxima and the flag of the keys [lo, hi), for every range.
@@ -80,6 +84,40 @@ TEMPLATE_TEST_CASE("row_find is the first column equal to the value", "[unit][ti
     }
   }
   INFO("c0 " << c0 << " c1 " << c1 << ", " << checks << " checks");
+  CHECK(wrong == 0);
+}
+
+TEMPLATE_TEST_CASE("row_max is the largest column in the range, whatever lies past it", "[unit][tiled]", float,
+                   double) {
+  using continuum::index_t;
+  using T = TestType;
+  namespace tl = continuum::cpu_detail::tiled;
+  const index_t c0 = GENERATE(0, 1, 5);
+  const index_t len = GENERATE(0, 1, 3, 15, 16, 17, 31, 33, 47, 64, 100);
+  const index_t c1 = c0 + len;
+  const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  std::vector<T> s(static_cast<std::size_t>(c1 + 64));
+  // Past c1: +inf, NaN and a large finite score, as a score tile's spare columns may hold.
+  const auto fill = [&](index_t at) {
+    for (index_t c = 0; c < index_t(s.size()); ++c)
+      s[std::size_t(c)] = c >= c1 ? (c % 3 == 0 ? inf : c % 3 == 1 ? nan : T(50)) : c < c0 ? T(100) : T(c % 5) - T(7);
+    if (at >= 0) s[std::size_t(at)] = T(3);  // the one largest
+  };
+  index_t wrong = 0;
+  for (index_t at = c0 - 1; at < c1; ++at) {
+    fill(at < c0 ? -1 : at);
+    T expect = -inf;
+    for (index_t c = c0; c < c1; ++c) expect = std::max(expect, s[std::size_t(c)]);  // the definition
+    const std::vector<T> before = s;
+    wrong += tl::row_max(s.data(), c0, c1) != expect;
+    wrong += tl::row_max<true>(s.data(), c0, c1, T(2)) != T(2) * expect;
+    for (index_t c = 0; c < index_t(s.size()); ++c) {
+      const T b = before[std::size_t(c)], a = s[std::size_t(c)];
+      const bool kept = c >= c0 && c < c1 ? a == T(2) * b : (a == b || (a != a && b != b));
+      wrong += !kept;
+    }
+  }
+  INFO("c0 " << c0 << " len " << len);
   CHECK(wrong == 0);
 }
 

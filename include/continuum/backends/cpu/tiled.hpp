@@ -805,7 +805,9 @@ inline decltype(auto) with_accuracy(StencilAccuracy a, F&& f) {
 }
 
 /// Largest s[c] over c in [c0, c1); -inf when the range is empty. With
-/// kScale, s[c] *= scale first (written back: one pass for both).
+/// kScale, s[c] *= scale first (written back: one pass for both). A row of
+/// at least one vector reads its last one whole: s holds W − 1 elements
+/// past c1 (ScoreTile), which it leaves as they were.
 template <bool kScale = false, class T>
 inline T row_max(T* s, index_t c0, index_t c1, T scale = T(1)) {
   T m = -std::numeric_limits<T>::infinity();
@@ -833,6 +835,18 @@ inline T row_max(T* s, index_t c0, index_t c1, T scale = T(1)) {
       const V x0 = load(c);
       m0 = x0 > m0 ? x0 : m0;
       c += S::W;
+    }
+    if (c < c1) {  // the last columns: one vector, its lanes from c1 on left out (and written back as they were)
+      const typename S::vi valid = (S::lanes() + typename SimdInt<T>::type(c)) < typename SimdInt<T>::type(c1);
+      V x = S::load(s + c);
+      if constexpr (kScale) {
+        const V y = x * scale;
+        S::store(s + c, valid ? y : x);
+        x = y;
+      }
+      x = valid ? x : V{} + m;
+      m1 = x > m1 ? x : m1;
+      c = c1;
     }
     m0 = m1 > m0 ? m1 : m0;
     m = hmax<T>(m0);
