@@ -553,7 +553,9 @@ inline A row_norm2(const T* x, index_t n, bool& bad) {
 /// one multiply-add per element.
 template <class A>
 struct KeyMagnitudes {
-  /// Per key (kn, vn, bad) or per block (…_blk); ‖k‖², ‖v‖², NaN or Inf.
+  /// ‖k‖², ‖v‖² and whether a NaN or an Inf is there: one entry per key
+  /// (key: its own; pre, suf: the maxima of its block up to it, from it on)
+  /// or per block (blk).
   struct Maxima {
     std::vector<A> kn, vn;
     std::vector<char> bad;
