@@ -111,10 +111,12 @@ namespace cpu_detail {
 namespace tiled {
 
 /// Tile sizes (rows of queries × keys). The forward's rows hold their scores
-/// and weights for a whole key tile (S, W: 544 KiB each in float, kBr rows of ScoreTile), so that
-/// each row's maximum, rescaling and sums (horizontal reductions across the
-/// vector lanes) run once per 512 keys, not once per 128: 4-9 % of a bfloat16
-/// forward on an AMD Zen 5 (docs/PERFORMANCE.md, "Forward key tiles of 512").
+/// and weights for a whole key tile, so that each row's maximum, rescaling
+/// and sums (horizontal reductions across the vector lanes) run once per 512
+/// keys, not once per 128: 4-9 % of a bfloat16 forward on an AMD Zen 5
+/// (docs/PERFORMANCE.md, "Forward key tiles of 512"). S and W hold one
+/// sub-block's kBs rows (136 KiB each in float), which the task's sub-blocks
+/// reuse, so that they stay in L2 ("One sub-block's score and weight tiles").
 inline constexpr index_t kBr = 256;  // query rows per task (forward)
 inline constexpr index_t kBs = 64;   // query rows per GEMM sub-block (causal skipping)
 inline constexpr index_t kBc = 512;  // keys per tile (forward)
@@ -1293,8 +1295,14 @@ template <class T>
 struct ForwardWorkspace {
   RowMatrix<T> q;       // kBr × D, rows scaled by c_i
   RowMatrix<T> kt;      // D × kBc: the key tile transposed (packed)
-  ScoreTile<T> s;       // kBr rows: column 0 = halo key, column kBc carries the next halo
-  ScoreTile<T> w;       // kBr rows: weights α e^{-m} (vector tails write the pad)
+  // S and W of one sub-block (kBs rows; row r of the task at r mod kBs),
+  // column 0 the halo key: a task's rows share them, so that they stay in L2
+  // (docs/PERFORMANCE.md, "One sub-block's score and weight tiles").
+  ScoreTile<T> s;       // scores; column 0 = the halo key's, from halo_s
+  ScoreTile<T> w;       // weights α e^{-m} (vector tails write the pad)
+  // Per row: the halo key's score in this tile (column 0 of S) and the
+  // tile's last key's score, the next tile's halo.
+  std::vector<T> halo_s, last_s;
   RowMatrix<T> o;       // kBr × Dv accumulators of the far keys' terms
   std::vector<T> m, l;  // running maximum; Σ α e^{-m} of the keys in o
   // A bfloat16 unit with row statistics: Σ (W̃ − W) over the keys whose
@@ -1326,7 +1334,7 @@ struct ForwardWorkspace {
   StencilAccuracy accuracy = StencilAccuracy::full;
   index_t Dp = 0, Dvp = 0;
   // The unit's operands, on 64-byte lines (spare_pool.hpp): Q's bits (nr × Dp),
-  // the packed K and V tiles (kBc × Dp, kBc × Dvp), W̃ (nr × kBc).
+  // the packed K and V tiles (kBc × Dp, kBc × Dvp), W̃ (one sub-block: kBs × kBc).
   Buffer<std::uint16_t> qb, kp, vp, wb;
   // The packed tiles the products read (kp, vp or a head cache's, below),
   // and the key steps V's tile was packed for (its layout).
@@ -1355,13 +1363,15 @@ struct ForwardWorkspace {
   ForwardWorkspace(index_t D, index_t Dv, index_t rows, bf16::Unit on = bf16::Unit::none, bool stage = false,
                    index_t head_keys = 0)
       : q(rows, D), kt(D, kBc), m(rows), l(rows), rho(rows), ref(rows), near_key(std::size_t(3 * rows)), carry_key(rows),
-        near_w(std::size_t(3 * rows)), carry(rows), range(rows), kb(rows), ke(rows), unit(on) {
+        near_w(std::size_t(3 * rows)), carry(rows), halo_s(rows), last_s(rows), range(rows), kb(rows), ke(rows),
+        unit(on) {
     vrow.resize(std::size_t(Dv));
     if (stage && !on_unit()) vstage.resize(std::size_t((kBc + 1) * Dv));
     if (stage && on_unit()) vhalo.resize(std::size_t(Dv));
     const index_t nr = on_unit() ? round_up(rows, bf16::kRows) : rows;
-    s = ScoreTile<T>(nr, true);
-    w = ScoreTile<T>(nr, false);
+    const index_t sub = std::min(nr, kBs);  // a sub-block's rows (kBs: whole 16-row blocks)
+    s = ScoreTile<T>(sub, true);
+    w = ScoreTile<T>(sub, false);
     if (on_unit()) {
       Dp = round_up(D, bf16::kStep);
       Dvp = round_up(Dv, bf16::kCols);
@@ -1371,7 +1381,7 @@ struct ForwardWorkspace {
       zeroed(qb, nr * Dp);
       zeroed(kp, kBc * Dp);
       zeroed(vp, kBc * Dvp);
-      zeroed(wb, nr * kBc);
+      zeroed(wb, sub * kBc);
       c.resize(std::size_t(nr));
       halo.resize(std::size_t(nr * bf16::kCols));
       seen.resize(std::size_t(kBc));
@@ -1637,20 +1647,21 @@ void pack_tile_bf16(const Stored<S>& io, index_t b, index_t hk, index_t k0, inde
   }
 }
 
-/// S_raw of rows [g0, g1) (whole 16-row blocks; nr rows in all) for the tile
-/// keys [j0, j1) (multiples of 16), into the score tile's columns 1 + j.
+/// S_raw of rows [g0, g1) (whole 16-row blocks; nr rows in all; the
+/// sub-block's first, g0, at row 0 of the score tile) for the tile keys
+/// [j0, j1) (multiples of 16), into the score tile's columns 1 + j.
 template <class T>
 void scores_bf16(index_t g0, index_t g1, index_t nr, index_t j0, index_t j1, ForwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
     const index_t lds = ws.s.stride();
     if (g0 < std::min(g1, nr))
       bf16::scores(ws.unit, ws.qb.data() + g0 * ws.Dp, ws.Dp, ws.Dp, ws.kpt, j0 / bf16::kCols,
-                   (j1 + bf16::kCols - 1) / bf16::kCols, ws.s.data() + g0 * lds + 1 + j0, lds, std::min(g1, nr) - g0);
+                   (j1 + bf16::kCols - 1) / bf16::kCols, ws.s.data() + 1 + j0, lds, std::min(g1, nr) - g0);
   }
 }
 
-/// Row r's weights W (tile columns [ce0, cv1)) as W̃ = bfloat16(W) for the
-/// P·V product, in row r of ws.wb: its n_cols columns (the tile's keys, a
+/// Row r's weights W (tile columns [ce0, cv1); row lr of the sub-block's W)
+/// as W̃ = bfloat16(W) for the P·V product, in row lr of ws.wb: its n_cols columns (the tile's keys, a
 /// multiple of kStep), 0 where the row sees no key. The halo key's term
 /// (column 0, the previous tile's last key, value row ws.vh) goes into the
 /// accumulators first, in float. With row statistics, Σ (W̃ − W) of the row's
@@ -1658,9 +1669,10 @@ void scores_bf16(index_t g0, index_t g1, index_t nr, index_t j0, index_t j1, For
 /// below 2^-126·|v|, is left out of O and enters ρ as −W; the rows the unit
 /// takes are those where such flushes are negligible, row_eligibility.)
 template <class T>
-void weights_bf16(index_t Dv, index_t ce0, index_t cv1, index_t r, index_t n_cols, ForwardWorkspace<T>& ws) {
+void weights_bf16(index_t Dv, index_t ce0, index_t cv1, index_t r, index_t lr, index_t n_cols,
+                  ForwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
-    const T* wr = ws.w.row(r);
+    const T* wr = ws.w.row(lr);
     if (ce0 == 0) {
       const T w0 = bf16::round_bf16(wr[0]);
       T* orow = ws.o.row(r).data();
@@ -1669,7 +1681,7 @@ void weights_bf16(index_t Dv, index_t ce0, index_t cv1, index_t r, index_t n_col
     }
     // Column cc ≥ 1 of the score tile is key cc − 1 of the tile.
     const index_t c0 = std::max<index_t>(ce0, 1);
-    bf16::round_row<false>(wr + 1, c0 - 1, cv1 - 1, n_cols, ws.wb.data() + r * kBc, ws.stats ? &ws.rho[r] : nullptr);
+    bf16::round_row<false>(wr + 1, c0 - 1, cv1 - 1, n_cols, ws.wb.data() + lr * kBc, ws.stats ? &ws.rho[r] : nullptr);
   }
 }
 
@@ -1677,13 +1689,13 @@ void weights_bf16(index_t Dv, index_t ce0, index_t cv1, index_t r, index_t n_col
 /// scores (sr: S_raw, not scaled in place; m from c_i ⊗ max S_raw): W = e^{c_i ⊗
 /// s − m} of the columns [cv0, cv1) but `skip`, to bfloat16's accuracy (the
 /// weights are rounded to bfloat16 for P·V: VectorOps::exp_bf16, MATH.md §10,
-/// "bfloat16 products"), rounded to W̃ into row r of ws.wb (its n_cols columns,
+/// "bfloat16 products"), rounded to W̃ into row lr of ws.wb (its n_cols columns,
 /// 0 where the row sees no key) and summed in the same pass (bf16::round_row),
 /// Σ (W̃ − W) into ws.rho with row statistics. skip (−1: none) is the
 /// reference key's column, whose term is held apart (near_w). Returns Σ W.
 template <class T>
-T softmax_weights_bf16(const T* sr, index_t cv0, index_t cv1, index_t skip, index_t r, index_t n_cols, T m,
-                       ForwardWorkspace<T>& ws) {
+T softmax_weights_bf16(const T* sr, index_t cv0, index_t cv1, index_t skip, index_t r, index_t lr, index_t n_cols,
+                       T m, ForwardWorkspace<T>& ws) {
   T sum = T(0);
 #if defined(CONTINUUM_CPU_AVX512BF16)
   if constexpr (kBf16<T>) {
@@ -1691,24 +1703,25 @@ T softmax_weights_bf16(const T* sr, index_t cv0, index_t cv1, index_t skip, inde
     const T c = ws.c[std::size_t(r)];
     // Column cc ≥ 1 of the score tile is key cc − 1 of the tile.
     bf16::round_row<false>(
-        sr + 1, cv0 - 1, cv1 - 1, n_cols, ws.wb.data() + r * kBc, ws.stats ? &ws.rho[r] : nullptr,
+        sr + 1, cv0 - 1, cv1 - 1, n_cols, ws.wb.data() + lr * kBc, ws.stats ? &ws.rho[r] : nullptr,
         [&](__m512 y) { return (__m512)VectorOps<float>::exp_bf16((V)y * c - m); },
         &sum, skip - 1);
   }
 #else
-  (void)sr, (void)cv0, (void)cv1, (void)skip, (void)r, (void)n_cols, (void)m, (void)ws;
+  (void)sr, (void)cv0, (void)cv1, (void)skip, (void)r, (void)lr, (void)n_cols, (void)m, (void)ws;
 #endif
   return sum;
 }
 
-/// O += W̃ · V for rows [g0, g1) (whole 16-row blocks; nr rows in all) over
-/// the tile's first `steps` key steps.
+/// O += W̃ · V for rows [g0, g1) (whole 16-row blocks; nr rows in all; the
+/// sub-block's first, g0, at row 0 of W̃) over the tile's first `steps` key
+/// steps.
 template <class T>
 void accumulate_bf16(index_t g0, index_t g1, index_t nr, index_t steps, ForwardWorkspace<T>& ws) {
   if constexpr (kBf16<T>) {
     const index_t ldo = ws.o.cols();
     if (g0 < std::min(g1, nr))
-      bf16::accumulate(ws.unit, ws.wb.data() + g0 * kBc, kBc, ws.vsteps, ws.vpt, ws.Dvp, ws.o.data() + g0 * ldo, ldo,
+      bf16::accumulate(ws.unit, ws.wb.data(), kBc, ws.vsteps, ws.vpt, ws.Dvp, ws.o.data() + g0 * ldo, ldo,
                        std::min(g1, nr) - g0, steps);
   }
 }
@@ -1722,7 +1735,7 @@ void chunk_halo_bf16(const Stored<S>& io, index_t b, index_t hk, index_t k0, ind
     bool needed = false;  // key k0 − 1 is loaded only when a row sees it
     for (index_t r = 0; r < nr; ++r) needed |= ws.range[r].lo < k0 && ws.range[r].hi > k0;
     if (!needed) {
-      for (index_t r = 0; r < nr; ++r) ws.s(r, 0) = T(0);
+      for (index_t r = 0; r < nr; ++r) ws.halo_s[std::size_t(r)] = T(0);
       return;
     }
     std::fill(ws.seen.begin(), ws.seen.begin() + bf16::kCols, char(0));
@@ -1731,7 +1744,7 @@ void chunk_halo_bf16(const Stored<S>& io, index_t b, index_t hk, index_t k0, ind
                     ws.seen.data(), 1, ws.kp.data());
     bf16::scores(ws.unit, ws.qb.data(), ws.Dp, ws.Dp, ws.kp.data(), 0, 1, ws.halo.data(), bf16::kCols, nr);
     for (index_t r = 0; r < nr; ++r)
-      ws.s(r, 0) = ws.range[r].lo < k0 && ws.range[r].hi > k0
+      ws.halo_s[std::size_t(r)] = ws.range[r].lo < k0 && ws.range[r].hi > k0
                        ? ws.c[std::size_t(r)] * ws.halo[std::size_t(r * bf16::kCols + bf16::kCols - 1)]
                        : T(0);
   }
@@ -1846,10 +1859,10 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
       ws.near_w[std::size_t(3 * r + k)] = T(0);
     }
   }
-  // A bfloat16 unit: the rows of the last tile past nr hold zeros (weights) and no scores
-  // that are read; each row's products involve its own row only.
+  // A bfloat16 unit: the rows of the last tile past nr hold zeros (weights,
+  // below) and no scores that are read; each row's products involve its own
+  // row only.
   const index_t nr_tiles = ws.on_unit() ? round_up(nr, bf16::kRows) : nr;
-  if (ws.on_unit()) std::fill(ws.wb.data() + nr * kBc, ws.wb.data() + nr_tiles * kBc, std::uint16_t(0));
   ws.o.topRows(nr_tiles).setZero();
   kmin = std::max(kmin, ka);  // this task's chunk of keys
   kmax = std::min(kmax, kz);
@@ -1871,11 +1884,11 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
     const index_t k1 = std::min(k0 + kBc, kmax);
     const index_t nc = k1 - k0;
     const index_t key0 = k0 - 1;  // tile column c holds key key0 + c; column 0 is the halo
-    // Halo: the previous tile's last score (carried in column kBc); in the
-    // first tile, 0 where no row can see key k0 - 1, except at the start of a
-    // chunk, where the rows that see it get its score (the tile product's
-    // operations: a running multiply-add in d order).
-    for (index_t r = 0; r < nr; ++r) ws.s(r, 0) = k0 > kstart ? ws.s(r, kBc) : T(0);
+    // Halo: the previous tile's last score (last_s); in the first tile, 0
+    // where no row can see key k0 - 1, except at the start of a chunk, where
+    // the rows that see it get its score (the tile product's operations: a
+    // running multiply-add in d order).
+    for (index_t r = 0; r < nr; ++r) ws.halo_s[std::size_t(r)] = k0 > kstart ? ws.last_s[std::size_t(r)] : T(0);
     if (k0 == kstart && k0 == ka && k0 > 0 && ws.on_unit())
       chunk_halo_bf16(io, b, hk, k0, nr, ws);
     else if (k0 == kstart && k0 == ka && k0 > 0)
@@ -1885,7 +1898,7 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
           const S* kh = io.key.row(b, hk, k0 - 1);
           T acc = T(0);
           for (index_t d = 0; d < D; ++d) acc = madd(qs[d], T(kh[d]), acc);
-          ws.s(r, 0) = acc;
+          ws.halo_s[std::size_t(r)] = acc;
         }
     bool packed = false;
     index_t ncp = 0;
@@ -1920,13 +1933,17 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
       const index_t n_cols = round_up(u1 - k0, bf16::kStep);
       if (ws.on_unit()) {
         scores_bf16(r0, std::min(r1, nr_tiles), nr, j0, j1, ws);
+        // The rows of the last 16-row block past nr: zero weights (W̃'s rows
+        // are the sub-block's, reused).
+        if (r1 == nr && nr_tiles > nr)
+          std::fill(ws.wb.data() + (nr - r0) * kBc, ws.wb.data() + (nr_tiles - r0) * kBc, std::uint16_t(0));
       } else if (few_rows) {
 #if defined(CONTINUUM_TILE_GEMM)
         if constexpr (kVector<T>) {
           const T* q = ws.q.data() + r0 * D;
           const S* key = io.key.row(b, hk, k0);
           const index_t ldk = io.key.stride_seq;
-          T* sr = ws.s.data() + r0 * lds + 1;
+          T* sr = ws.s.data() + 1;
           switch (r1 - r0) {
             case 6: few_row_scores<6>(q, D, key, ldk, nc, D, j0, j1, sr, lds); break;
             case 5: few_row_scores<5>(q, D, key, ldk, nc, D, j0, j1, sr, lds); break;
@@ -1941,18 +1958,20 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
         // (D = 0: Kᵀ is empty and kt.data() null, so no offset is formed from
         // it; gemm then writes scores 0 without reading it.)
         gemm<T>(r1 - r0, j1 - j0, D, ws.q.data() + r0 * D, D, 1, D > 0 ? ws.kt.data() + j0 : nullptr, ncp,
-                ws.s.data() + r0 * lds + 1 + j0, lds, false);
+                ws.s.data() + 1 + j0, lds, false);
       }
+      for (index_t r = r0; r < r1; ++r) ws.s(r - r0, 0) = ws.halo_s[std::size_t(r)];
       for (index_t r = r0; r < r1; ++r) {
         const index_t lo = ws.range[r].lo, hi = ws.range[r].hi;
-        T* wr = ws.w.row(r);
+        const index_t lr = r - r0;  // the row in the sub-block's S, W and W̃
+        T* wr = ws.w.row(lr);
         const index_t vlo = std::max(lo, k0), vhi = std::min(hi, k1);
         ws.kb[r] = ws.ke[r] = 0;
         if (vlo >= vhi) {
-          if (ws.on_unit()) std::fill_n(ws.wb.data() + r * kBc, n_cols, std::uint16_t(0));
+          if (ws.on_unit()) std::fill_n(ws.wb.data() + lr * kBc, n_cols, std::uint16_t(0));
           continue;
         }
-        T* sr = ws.s.row(r);
+        T* sr = ws.s.row(lr);
         // Tile columns of the visible keys: [cv0, cv1).
         const index_t cv0 = vlo - key0, cv1 = vhi - key0;
         // A unit: S = c_i ⊗ S_raw, in the same pass (the halo column is scaled
@@ -1985,7 +2004,7 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
             ws.near_key[std::size_t(3 * r + 1)] = key0 + skip;
             ws.near_w[std::size_t(3 * r + 1)] = T(1);
           }
-          ws.l[r] += softmax_weights_bf16(sr, cv0, cv1, skip, r, n_cols, m, ws);
+          ws.l[r] += softmax_weights_bf16(sr, cv0, cv1, skip, r, lr, n_cols, m, ws);
           continue;
         }
         // The halo (column cv0 - 1) takes part when that key is visible too.
@@ -2026,7 +2045,7 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
         // rows of ws.vstage, the tile's columns.
         ws.kb[r] = (staged ? 0 : key0) + ce0;
         ws.ke[r] = (staged ? 0 : key0) + cv1;
-        if (ws.on_unit()) weights_bf16(Dv, ce0, cv1, r, n_cols, ws);
+        if (ws.on_unit()) weights_bf16(Dv, ce0, cv1, r, lr, n_cols, ws);
       }
       // O += W · V, each row over its own visible keys only (range_gemm): a
       // value the row cannot see never enters its sum (a unit: its weight is 0
@@ -2042,15 +2061,14 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
       if (ws.on_unit())
         accumulate_bf16(r0, std::min(r1, nr_tiles), nr, n_cols / bf16::kStep, ws);
       else if constexpr (staged)
-        range_gemm<T>(r1 - r0, Dv, ws.w.data() + r0 * ldw, ldw, 1, 0, ws.vstage.data(), Dv, ws.o.data() + r0 * Dv,
+        range_gemm<T>(r1 - r0, Dv, ws.w.data(), ldw, 1, 0, ws.vstage.data(), Dv, ws.o.data() + r0 * Dv,
                       Dv, ws.kb.data() + r0, ws.ke.data() + r0);
       else
-        range_gemm<T>(r1 - r0, Dv, ws.w.data() + r0 * ldw, ldw, 1, key0, io.value.row(b, hk, 0), ldv,
+        range_gemm<T>(r1 - r0, Dv, ws.w.data(), ldw, 1, key0, io.value.row(b, hk, 0), ldv,
                       ws.o.data() + r0 * Dv, Dv, ws.kb.data() + r0, ws.ke.data() + r0);
+      // This tile's last score (key k1 − 1, scaled where a row sees it) is the next tile's halo.
+      for (index_t r = r0; r < r1; ++r) ws.last_s[std::size_t(r)] = ws.s(r - r0, nc);
     }
-    // Keep this tile's last score as the next tile's halo (column kBc).
-    if (nc < kBc)
-      for (index_t r = 0; r < nr; ++r) ws.s(r, kBc) = ws.s(r, nc);
   }
 
   for (index_t r = 0; r < nr; ++r) {
