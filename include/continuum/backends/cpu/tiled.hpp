@@ -72,6 +72,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 #include <utility>
 #include <cfenv>
@@ -2192,6 +2193,15 @@ void forward_tiled(const ForwardArgs<T>& a, const Stored<S>& io, double scale, c
   const index_t rejected = row_eligibility<T, S>(io.query, io.key, io.value, nullptr, a.visibility, a.temperature,
                                                  scale, threads, subset, ok, unit != bf16::Unit::none);
   if (ntasks == 0) return;
+  // The jobs of one (batch, head group) — its row blocks × chunks — are taken
+  // in order from its own counter. Thread t starts with the groups from
+  // groups·t/threads on and then helps with the others', so that each
+  // group's key tiles are mostly packed by one thread (its head cache) while
+  // the load still balances job by job. Which thread runs a job changes no
+  // bit: each row is computed by its own operations.
+  const index_t groups = ntasks / nqb, per_group = nqb * chunks;
+  std::unique_ptr<std::atomic<index_t>[]> taken(new std::atomic<index_t>[std::size_t(groups)]);
+  for (index_t g = 0; g < groups; ++g) taken[std::size_t(g)].store(0, std::memory_order_relaxed);
   const CallerFloatModes modes;
 #if defined(_OPENMP)
 #  pragma omp parallel num_threads(threads) if (threads > 1)
@@ -2205,9 +2215,21 @@ void forward_tiled(const ForwardArgs<T>& a, const Stored<S>& io, double scale, c
     std::optional<bf16::TileScope> tiles;  // this thread's tile configuration, the caller's restored at the end
     if (unit == bf16::Unit::amx) tiles.emplace();
 #if defined(_OPENMP)
-#  pragma omp for schedule(dynamic, 1)
+    const index_t thread = omp_get_thread_num(), nthreads = omp_get_num_threads();
+#else
+    const index_t thread = 0, nthreads = 1;
 #endif
-    for (index_t job = 0; job < ntasks * chunks; ++job) {
+    index_t k = 0;  // groups this thread has found done, from its first on
+    const index_t first = groups * thread / nthreads;
+    const auto next_job = [&]() -> index_t {
+      for (; k < groups; ++k) {
+        const index_t g = (first + k) % groups;
+        const index_t i = taken[std::size_t(g)].fetch_add(1, std::memory_order_relaxed);
+        if (i < per_group) return g * per_group + i;
+      }
+      return -1;
+    };
+    for (index_t job; (job = next_job()) >= 0;) {
       const index_t task = job / chunks, chunk = job % chunks;
       // Last query blocks first: under a causal mask they see the most keys.
       const index_t qb = nqb - 1 - task % nqb;
@@ -2225,6 +2247,7 @@ void forward_tiled(const ForwardArgs<T>& a, const Stored<S>& io, double scale, c
     }
     if (chunks > 1) {
 #if defined(_OPENMP)
+#  pragma omp barrier  // every chunk is done
 #  pragma omp for schedule(dynamic, 1)
 #endif
       for (index_t task = 0; task < ntasks; ++task) {
