@@ -573,8 +573,8 @@ namespace {
 /// returning the peak-RSS growth in MiB during the two calls, and checks
 /// sampled rows (forward output and dQ) against the long double reference.
 /// (Each thread holds a tile workspace — the forward's scores and weights for
-/// 256 rows × 512 keys: 2.1 MiB in double, 1.1 MiB in float — so the threads
-/// are fixed at 4 for a bound that holds on any machine.)
+/// one 64-row sub-block × 512 keys: 0.5 MiB in double, 0.3 MiB in float — so
+/// the threads are fixed at 4 for a bound that holds on any machine.)
 template <class T>
 double memory_case(index_t n, int samples) {
   Case<T> c;
