@@ -1662,13 +1662,14 @@ void scores_bf16(index_t g0, index_t g1, index_t nr, index_t j0, index_t j1, For
 }
 
 /// Row r's weights W (tile columns [ce0, cv1); row lr of the sub-block's W)
-/// as W̃ = bfloat16(W) for the P·V product, in row lr of ws.wb: its n_cols columns (the tile's keys, a
-/// multiple of kStep), 0 where the row sees no key. The halo key's term
-/// (column 0, the previous tile's last key, value row ws.vh) goes into the
-/// accumulators first, in float. With row statistics, Σ (W̃ − W) of the row's
-/// terms goes to ws.rho. (A weight below 2^-126 is converted to 0: its term,
-/// below 2^-126·|v|, is left out of O and enters ρ as −W; the rows the unit
-/// takes are those where such flushes are negligible, row_eligibility.)
+/// as W̃ = bfloat16(W) for the P·V product, in row lr of ws.wb: its n_cols
+/// columns (the tile's keys, a multiple of kStep), 0 where the row sees no
+/// key. The halo key's term (column 0, the previous tile's last key, value
+/// row ws.vh) goes into the accumulators first, in float. With row
+/// statistics, Σ (W̃ − W) of the row's terms goes to ws.rho. (A weight below
+/// 2^-126 is converted to 0: its term, below 2^-126·|v|, is left out of O and
+/// enters ρ as −W; the rows the unit takes are those where such flushes are
+/// negligible, row_eligibility.)
 template <class T>
 void weights_bf16(index_t Dv, index_t ce0, index_t cv1, index_t r, index_t lr, index_t n_cols,
                   ForwardWorkspace<T>& ws) {
@@ -1746,8 +1747,8 @@ void chunk_halo_bf16(const Stored<S>& io, index_t b, index_t hk, index_t k0, ind
     bf16::scores(ws.unit, ws.qb.data(), ws.Dp, ws.Dp, ws.kp.data(), 0, 1, ws.halo.data(), bf16::kCols, nr);
     for (index_t r = 0; r < nr; ++r)
       ws.halo_s[std::size_t(r)] = ws.range[r].lo < k0 && ws.range[r].hi > k0
-                       ? ws.c[std::size_t(r)] * ws.halo[std::size_t(r * bf16::kCols + bf16::kCols - 1)]
-                       : T(0);
+                                      ? ws.c[std::size_t(r)] * ws.halo[std::size_t(r * bf16::kCols + bf16::kCols - 1)]
+                                      : T(0);
   }
 }
 
