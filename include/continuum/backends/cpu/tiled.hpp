@@ -117,7 +117,8 @@ namespace tiled {
 /// keys, not once per 128: 4-9 % of a bfloat16 forward on an AMD Zen 5
 /// (docs/PERFORMANCE.md, "Forward key tiles of 512"). S and W hold one
 /// sub-block's kBs rows (136 KiB each in float), which the task's sub-blocks
-/// reuse, so that they stay in L2 ("One sub-block's score and weight tiles").
+/// reuse, so that they stay in L2 ("One sub-block's score and weight tiles,
+/// and each thread's own heads").
 inline constexpr index_t kBr = 256;  // query rows per task (forward)
 inline constexpr index_t kBs = 64;   // query rows per GEMM sub-block (causal skipping)
 inline constexpr index_t kBc = 512;  // keys per tile (forward)
@@ -1298,7 +1299,8 @@ struct ForwardWorkspace {
   RowMatrix<T> kt;      // D × kBc: the key tile transposed (packed)
   // S and W of one sub-block (kBs rows; row r of the task at r mod kBs),
   // column 0 the halo key: a task's rows share them, so that they stay in L2
-  // (docs/PERFORMANCE.md, "One sub-block's score and weight tiles").
+  // (docs/PERFORMANCE.md, "One sub-block's score and weight tiles, and each
+  // thread's own heads").
   ScoreTile<T> s;       // scores; column 0 = the halo key's, from halo_s
   ScoreTile<T> w;       // weights α e^{-m} (vector tails write the pad)
   // Per row: the halo key's score in this tile (column 0 of S) and the
