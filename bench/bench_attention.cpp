@@ -110,12 +110,16 @@ std::string cpu_model() {
 
 /// Runs `iters` rounds of kAcc independent FMA chains on full vectors of
 /// VecBytes and returns the number of floating-point operations done (2 per
-/// lane per FMA). 16 accumulators hide a 4-cycle FMA latency on 2 pipes with
-/// room to spare.
+/// lane per FMA). Every chain must stay in a register: a chain spilled to the
+/// stack adds a store and a reload to its latency. AVX-512 has 32 vector
+/// registers: 16 accumulators. AVX2 and SSE have 16, which must also hold x
+/// and y: 12 accumulators, still 1.5× the 8 chains that hide a 4-cycle FMA
+/// latency on 2 pipes. (16 on AVX2 spilled 3 of them, and the loop ran at
+/// half the FMA peak of an AMD Zen 3.)
 template <class T, int VecBytes>
 __attribute__((always_inline)) inline double fma_loop(long iters, T seed) {
   typedef T V __attribute__((vector_size(VecBytes)));
-  constexpr int kAcc = 16;
+  constexpr int kAcc = VecBytes == 64 ? 16 : 12;
   constexpr int kLanes = VecBytes / int(sizeof(T));
   V acc[kAcc];
   V x, y;
