@@ -27,7 +27,6 @@
 // worst-case term 16 ε (1 + max|s|) √D is larger here), far above the FD
 // error (≲ 1e-9); dtemp, one sum over every row of mixed-sign O(1) terms, is
 // held to 2e-5 of 1 + |dtemp| (harness.hpp's backward figure).
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
