@@ -1296,7 +1296,13 @@ class ScoreTile {
 template <class T>
 struct ForwardWorkspace {
   RowMatrix<T> q;       // kBr × D, rows scaled by c_i
-  RowMatrix<T> kt;      // D × kBc: the key tile transposed (packed)
+  // The key tile transposed (packed): D rows of kt_stride, a cache line more
+  // than kBc. With kBc elements (2 KiB of float, 4 KiB of double) the D rows
+  // of one column block of Kᵀ fall into two L1 sets (one for double) of the
+  // 64, so the score product read them from L2 again for every block of query
+  // rows (docs/PERFORMANCE.md, "Kᵀ's row stride").
+  static constexpr index_t kt_stride = kBc + index_t(64 / sizeof(T));
+  RowMatrix<T> kt;      // D × kt_stride
   // S and W of one sub-block (kBs rows; row r of the task at r mod kBs),
   // column 0 the halo key: a task's rows share them, so that they stay in L2
   // (docs/PERFORMANCE.md, "One sub-block's score and weight tiles, and each
@@ -1365,7 +1371,7 @@ struct ForwardWorkspace {
   /// keys of a head for a head cache (a unit only; 0: none).
   ForwardWorkspace(index_t D, index_t Dv, index_t rows, bf16::Unit on = bf16::Unit::none, bool stage = false,
                    index_t head_keys = 0)
-      : q(rows, D), kt(D, kBc), m(rows), l(rows), rho(rows), ref(rows), near_key(std::size_t(3 * rows)), carry_key(rows),
+      : q(rows, D), kt(D, kt_stride), m(rows), l(rows), rho(rows), ref(rows), near_key(std::size_t(3 * rows)), carry_key(rows),
         near_w(std::size_t(3 * rows)), carry(rows), halo_s(rows), last_s(rows), range(rows), kb(rows), ke(rows),
         unit(on) {
     vrow.resize(std::size_t(Dv));
@@ -1415,16 +1421,16 @@ struct Stored {
   TensorView<S> out;
 };
 
-/// The key tile [k0, k0 + nc) of (b, hk) transposed into ws.kt (ncp columns,
-/// zeros past nc; 16-bit keys widened in registers on the way) unless the
+/// The key tile [k0, k0 + nc) of (b, hk) transposed into ws.kt (row stride
+/// kt_stride, zeros past nc; 16-bit keys widened in registers on the way) unless the
 /// scores transpose it themselves (few_row_scores); and, for values stored in
 /// S ≠ T, the value rows [max(k0 − 1, 0), k0 + nc) widened into ws.vstage
 /// (row k at k − (k0 − 1)).
 template <class T, class S>
-void pack_tile(const Stored<S>& io, index_t b, index_t hk, index_t k0, index_t nc, index_t ncp, bool keys,
+void pack_tile(const Stored<S>& io, index_t b, index_t hk, index_t k0, index_t nc, bool keys,
                ForwardWorkspace<T>& ws) {
   const index_t D = io.key.dim, Dv = io.value.dim;
-  if (keys) pack_transposed(io.key.row(b, hk, k0), io.key.stride_seq, nc, D, ws.kt.data(), ncp);
+  if (keys) pack_transposed(io.key.row(b, hk, k0), io.key.stride_seq, nc, D, ws.kt.data(), ws.kt_stride);
   if constexpr (!std::is_same<S, T>::value) {
     for (index_t k = std::max<index_t>(k0 - 1, 0); k < k0 + nc; ++k)
       convert_n(io.value.row(b, hk, k), ws.vstage.data() + (k - (k0 - 1)) * Dv, Dv);
@@ -1925,7 +1931,7 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
         if (ws.on_unit())
           pack_tile_bf16(io, b, hk, k0, nc, nr, ncp, ws);
         else
-          pack_tile(io, b, hk, k0, nc, ncp, !few_rows, ws);
+          pack_tile(io, b, hk, k0, nc, !few_rows, ws);
         packed = true;
       }
       // S[r0:r1, 1 + j] = Qs · K_tileᵀ for the tile keys j in [j0, j1) ⊇ [u0 - k0, u1 - k0).
@@ -1961,8 +1967,8 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
       } else {
         // (D = 0: Kᵀ is empty and kt.data() null, so no offset is formed from
         // it; gemm then writes scores 0 without reading it.)
-        gemm<T>(r1 - r0, j1 - j0, D, ws.q.data() + r0 * D, D, 1, D > 0 ? ws.kt.data() + j0 : nullptr, ncp,
-                ws.s.data() + 1 + j0, lds, false);
+        gemm<T>(r1 - r0, j1 - j0, D, ws.q.data() + r0 * D, D, 1, D > 0 ? ws.kt.data() + j0 : nullptr,
+                ws.kt_stride, ws.s.data() + 1 + j0, lds, false);
       }
       for (index_t r = r0; r < r1; ++r) ws.s(r - r0, 0) = ws.halo_s[std::size_t(r)];
       for (index_t r = r0; r < r1; ++r) {
@@ -2697,11 +2703,12 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
   constexpr index_t kTile = Stencil::has_halo ? kBcBwd - 2 : kBcBwd;
 
   // The key tile [kk0, kk0 + nk) and its values as the B sides of the score
-  // products (nkp columns).
+  // products (nkp columns; on the vector path rows of kt.cols() = kBcBwd +
+  // kPad, not a power of two: see ForwardWorkspace::kt_stride).
   const auto pack_score_tile = [&](index_t kk0, index_t nk, index_t nkp) {
     if (ws.on_unit()) return pack_backward_tile_bf16(a, b, hk, kk0, nk, nkp, ws);
-    pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), nkp);
-    pack_transposed(a.value.row(b, hk, kk0), ldv, nk, Dv, ws.vt.data(), nkp);
+    pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), ws.kt.cols());
+    pack_transposed(a.value.row(b, hk, kk0), ldv, nk, Dv, ws.vt.data(), ws.vt.cols());
   };
   // The columns [j0, j1) of the tile's S and dP that the rows of query block
   // [i0, i1) read: the knots [kk0, kz) of rows that see a key of [k0, k1),
@@ -2718,11 +2725,10 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     return std::pair<index_t, index_t>(j0 / kPad<T> * kPad<T>, std::min(round_up(j1, kPad<T>), nkp));
   };
   // S = (c_i q_i)·k and dP = dO_i·v of query block [i0, i0 + nr) of query
-  // head gq against the packed key tile (nkp columns), into columns [j0, j1)
-  // of ws.s and ws.dp; on the vector path ws.q and ws.dout keep the block's
-  // c_i q_i and dO_i.
-  const auto tile_scores = [&](index_t gq, const RowInfo<T>& ri, index_t i0, index_t nr, index_t j0, index_t j1,
-                               index_t nkp) {
+  // head gq against the packed key tile, into columns [j0, j1) of ws.s and
+  // ws.dp; on the vector path ws.q and ws.dout keep the block's c_i q_i and
+  // dO_i.
+  const auto tile_scores = [&](index_t gq, const RowInfo<T>& ri, index_t i0, index_t nr, index_t j0, index_t j1) {
     if (ws.on_unit()) return backward_scores_bf16(a, gq, i0, nr, j0, j1, ri.c.data(), ws);
     const index_t h = hk * group + gq;
     for (index_t r = 0; r < nr; ++r) {
@@ -2735,10 +2741,10 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
     }
     // (D or Dv = 0: that Kᵀ or Vᵀ is empty and its data() null, so no offset
     // is formed from it; gemm then writes products 0 without reading it.)
-    gemm<T>(nr, j1 - j0, D, ws.q.data(), D, 1, D > 0 ? ws.kt.data() + j0 : nullptr, nkp, ws.s.data() + j0, lds,
-            false);
-    gemm<T>(nr, j1 - j0, Dv, ws.dout.data(), Dv, 1, Dv > 0 ? ws.vt.data() + j0 : nullptr, nkp, ws.dp.data() + j0,
+    gemm<T>(nr, j1 - j0, D, ws.q.data(), D, 1, D > 0 ? ws.kt.data() + j0 : nullptr, ws.kt.cols(), ws.s.data() + j0,
             lds, false);
+    gemm<T>(nr, j1 - j0, Dv, ws.dout.data(), Dv, 1, Dv > 0 ? ws.vt.data() + j0 : nullptr, ws.vt.cols(),
+            ws.dp.data() + j0, lds, false);
   };
   if (ws.on_unit()) pack_backward_score_rows_bf16(a, b, hk, group, ws);
 
@@ -2819,7 +2825,7 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
         const index_t nr = i1 - i0;
         const auto [j0, j1] = block_columns(ri, i0, i1, k0, k1, kk0, kk1, nkp);
         if (j0 >= j1) continue;
-        tile_scores(gq, ri, i0, nr, j0, j1, nkp);
+        tile_scores(gq, ri, i0, nr, j0, j1);
 
         for (index_t r = 0; r < nr; ++r) {
           const index_t i = i0 + r;
