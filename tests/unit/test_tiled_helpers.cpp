@@ -14,7 +14,10 @@
 //   s[c] *= scale in the range only);
 // - KeyMagnitudes::range_max (row_eligibility's largest ‖k‖², ‖v‖² and NaN/Inf
 //   flag over a row's visible keys, from per-block, prefix and suffix maxima):
-//   the maxima and the flag of the keys [lo, hi), for every range.
+//   the maxima and the flag of the keys [lo, hi), for every range;
+// - key_range_gemm (the backward's dK and dV products): each key's row of C
+//   plus the running multiply-add, in ascending r, over exactly the rows whose
+//   range holds it, bit for bit, for monotone and arbitrary row ranges.
 #include <catch2/catch.hpp>
 
 #include <continuum/backends/cpu/tiled.hpp>
@@ -22,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -198,4 +202,59 @@ TEST_CASE("KeyMagnitudes::range_max is the maximum over every key range", "[unit
   INFO("Lk " << Lk);
   CHECK(wrong == 0);
   if (Lk > 5) CHECK(flagged > 0);
+}
+
+TEMPLATE_TEST_CASE("key_range_gemm sums each key over exactly the rows that see it, in ascending order",
+                   "[unit][tiled]", float, double) {
+  // The backward's dK and dV products: C(c, :) += Σ_{r : ov0[r] ≤ c < ov1[r]} A(c, r) · B(r, :), with
+  // A(c, r) = A[c + r·lda], each element a running multiply-add in ascending r (the definition below,
+  // bit for bit). Row ranges whose ends are non-decreasing in r (full, causal, windows, empty rows
+  // among them) take the interval sweep; the others (explicit ranges) the general scan.
+  using continuum::index_t;
+  using T = TestType;
+  namespace cd = continuum::cpu_detail;
+  const int family = GENERATE(0, 1, 2, 3, 4);  // full, causal, window, window with empty rows, random
+  const index_t R = GENERATE(0, 1, 5, 6, 7, 13, 64);
+  const index_t ncols = GENERATE(1, 9, 40, 128);
+  const index_t N = GENERATE(1, 8, 19);
+  std::mt19937_64 rng(std::uint64_t(1000 * family + 100 * R + 10 * ncols + N));
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<index_t> ov0(static_cast<std::size_t>(R)), ov1(static_cast<std::size_t>(R));
+  for (index_t r = 0; r < R; ++r) {
+    const index_t diag = R > 0 ? r * ncols / std::max<index_t>(R, 1) : 0;
+    switch (family) {
+      case 0: ov0[r] = 0, ov1[r] = ncols; break;
+      case 1: ov0[r] = 0, ov1[r] = std::min(ncols, diag + 1); break;
+      case 2: ov0[r] = std::max<index_t>(0, diag - 5), ov1[r] = std::min(ncols, diag + 3); break;
+      case 3:  // rows before the tile (ov1 < 0 ≤ ov0) and after it (ov0 = ncols), as a causal window gives
+        ov0[r] = std::min(ncols, std::max<index_t>(0, 2 * diag - ncols / 2)), ov1[r] = std::min(ncols, 2 * diag - ncols / 2 + 4);
+        break;
+      default: {
+        const index_t lo = index_t(rng() % std::uint64_t(ncols + 1));
+        ov0[r] = lo, ov1[r] = rng() % 5 == 0 ? lo : lo + index_t(rng() % std::uint64_t(ncols - lo + 1));
+      }
+    }
+  }
+  const index_t lda = ncols + 3, ldb = N + 2, ldc = N + 1;
+  std::vector<T> A(std::size_t(std::max<index_t>(1, R * lda))), B(std::size_t(std::max<index_t>(1, R * ldb))),
+      C(std::size_t(ncols * ldc));
+  for (T& x : A) x = T(u(rng));
+  for (T& x : B) x = T(u(rng));
+  for (T& x : C) x = T(u(rng));
+  std::vector<T> want = C;
+  for (index_t c = 0; c < ncols; ++c)
+    for (index_t n = 0; n < N; ++n) {
+      T acc = want[std::size_t(c * ldc + n)];
+      for (index_t r = 0; r < R; ++r)
+        if (ov0[r] <= c && c < ov1[r]) acc = cd::madd(A[std::size_t(c + r * lda)], B[std::size_t(r * ldb + n)], acc);
+      want[std::size_t(c * ldc + n)] = acc;
+    }
+  std::vector<index_t> rb(static_cast<std::size_t>(ncols)), re(static_cast<std::size_t>(ncols));
+  cd::tiled::key_range_gemm<T>(ncols, R, N, A.data(), lda, B.data(), ldb, C.data(), ldc, ov0.data(), ov1.data(),
+                               rb.data(), re.data());
+  index_t wrong = 0;
+  for (std::size_t i = 0; i < C.size(); ++i)
+    if (std::memcmp(&C[i], &want[i], sizeof(T)) != 0 && wrong++ < 5) UNSCOPED_INFO("C[" << i << "] " << C[i] << " want " << want[i]);
+  INFO("family " << family << " R " << R << " ncols " << ncols << " N " << N);
+  CHECK(wrong == 0);
 }
