@@ -213,7 +213,7 @@ TEMPLATE_TEST_CASE("key_range_gemm sums each key over exactly the rows that see 
   using continuum::index_t;
   using T = TestType;
   namespace cd = continuum::cpu_detail;
-  const int family = GENERATE(0, 1, 2, 3, 4);  // full, causal, window, window with empty rows, random
+  const int family = GENERATE(0, 1, 2, 3, 4);  // full, causal, window, window with rows before and after, random
   const index_t R = GENERATE(0, 1, 5, 6, 7, 13, 64);
   const index_t ncols = GENERATE(1, 9, 40, 128);
   const index_t N = GENERATE(1, 8, 19);
@@ -226,8 +226,9 @@ TEMPLATE_TEST_CASE("key_range_gemm sums each key over exactly the rows that see 
       case 0: ov0[r] = 0, ov1[r] = ncols; break;
       case 1: ov0[r] = 0, ov1[r] = std::min(ncols, diag + 1); break;
       case 2: ov0[r] = std::max<index_t>(0, diag - 5), ov1[r] = std::min(ncols, diag + 3); break;
-      case 3:  // rows before the tile (ov1 < 0 ≤ ov0) and after it (ov0 = ncols), as a causal window gives
-        ov0[r] = std::min(ncols, std::max<index_t>(0, 2 * diag - ncols / 2)), ov1[r] = std::min(ncols, 2 * diag - ncols / 2 + 4);
+      case 3:  // rows that see none of the tile's keys, before it (0, 0) and after it (ncols, ncols), as the backward sets them
+        ov0[r] = std::clamp<index_t>(2 * diag - ncols / 2, 0, ncols);
+        ov1[r] = std::clamp<index_t>(2 * diag - ncols / 2 + 4, 0, ncols);
         break;
       default: {
         const index_t lo = index_t(rng() % std::uint64_t(ncols + 1));

@@ -357,8 +357,8 @@ inline void range_gemm(index_t M, index_t N, const T* A, index_t sa_r, index_t s
 /// Where both ends of the rows' ranges are non-decreasing in r (full, causal,
 /// sliding windows) the rows that see key c are [first r with ov1[r] > c,
 /// first r with ov0[r] > c), found for all keys in one sweep of each end
-/// (O(R + ncols); the scan below is O(R · ncols), which took about a third
-/// as long as the product itself: docs/PERFORMANCE.md, "The backward's key
+/// (O(R + ncols); the scan below is O(R · ncols), which took about half as
+/// long as the products it fed: docs/PERFORMANCE.md, "The backward's key
 /// intervals"). Either way the same intervals, so the same products.
 template <class T>
 inline void key_range_gemm(index_t ncols, index_t R, index_t N, const T* A, index_t lda, const T* B, index_t ldb,
@@ -1317,9 +1317,10 @@ struct ForwardWorkspace {
   RowMatrix<T> q;       // kBr × D, rows scaled by c_i
   // The key tile transposed (packed): D rows of kt_stride, a cache line more
   // than kBc. With kBc elements (2 KiB of float, 4 KiB of double) the D rows
-  // of one column block of Kᵀ fall into two L1 sets (one for double) of the
-  // 64, so the score product read them from L2 again for every block of query
-  // rows (docs/PERFORMANCE.md, "Kᵀ's row stride").
+  // of one column block of Kᵀ fall into a few of L1's 64 sets (on AVX2, one
+  // line per row: two sets for float, one for double), so the score product
+  // read them from L2 again for every block of query rows (docs/PERFORMANCE.md,
+  // "Kᵀ's row stride").
   static constexpr index_t kt_stride = kBc + index_t(64 / sizeof(T));
   RowMatrix<T> kt;      // D × kt_stride
   // S and W of one sub-block (kBs rows; row r of the task at r mod kBs),
@@ -2722,8 +2723,9 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
   constexpr index_t kTile = Stencil::has_halo ? kBcBwd - 2 : kBcBwd;
 
   // The key tile [kk0, kk0 + nk) and its values as the B sides of the score
-  // products (nkp columns; on the vector path rows of kt.cols() = kBcBwd +
-  // kPad, not a power of two: see ForwardWorkspace::kt_stride).
+  // products (the products read nkp columns; on the vector path the rows are
+  // kt.cols() = kBcBwd + kPad long, zeros past nk, not the tile's 512 bytes of
+  // float: ForwardWorkspace::kt_stride).
   const auto pack_score_tile = [&](index_t kk0, index_t nk, index_t nkp) {
     if (ws.on_unit()) return pack_backward_tile_bf16(a, b, hk, kk0, nk, nkp, ws);
     pack_transposed(a.key.row(b, hk, kk0), ldk, nk, D, ws.kt.data(), ws.kt.cols());
@@ -2851,7 +2853,11 @@ void backward_head(const BackwardArgs<T>& a, const char* ok, index_t b, index_t 
           const index_t lo = ri.range[i].lo, hi = ri.range[i].hi;
           T* pr = ws.p.row(r).data();
           T* dsr = ws.ds.row(r).data();
-          ws.ov0[r] = ws.ov1[r] = ws.kb[r] = ws.ke[r] = 0;
+          ws.kb[r] = ws.ke[r] = 0;
+          // A row that sees no key of the tile: an empty range at the tile's
+          // end when its keys come after it, else at its start, so that under
+          // a sliding window the rows' ranges stay monotone (key_range_gemm).
+          ws.ov0[r] = ws.ov1[r] = lo >= k1 ? nc : 0;
           if (!(lo < k1 && hi > k0)) continue;
           T* sr = ws.s.row(r).data();
           T* dpr = ws.dp.row(r).data();
