@@ -4,16 +4,16 @@ torch.nn.functional.scaled_dot_product_attention on the CPU.
 
 Runs, in one process, at batch 1, 8 heads, seq 2048, head_dim 64 (--heads,
 --seq, --dim): forward and forward + backward, full and causal, our
-continuum and softmax kernels in float32 (the default compute: float32
-arithmetic; with --exact also compute="float64", the same kernels in
-double), SDPA in float32 and bfloat16 (ours has no 16-bit CPU
-storage), and prints each time with the ratio SDPA fp32 / ours (> 1: ours
-is faster). Then the per-call overhead at batch 1, 1 head,
-seq 64, head_dim 32: the time of one small forward (and forward + backward)
-call of each, and the dispatch floor at seq 1, head_dim 1, where only the
-Python wrapper, the dispatcher, autograd and argument checks remain. Last, one
-KV-cache decode step (8 query heads on 2 KV heads, 4096 and 32768 cached keys)
-with the K/V bytes read per second.
+continuum and softmax kernels and SDPA, each in float32 and bfloat16 (the
+default compute: float32 arithmetic; with --exact also compute="float64" on
+float32 tensors, the same kernels in double), and prints each time with the
+ratio SDPA / ours in the same dtype (> 1: ours is faster). Then the per-call
+overhead at batch 1, 1 head, seq 64, head_dim 32: the time of one small
+forward (and forward + backward) call of each, in float32, and the dispatch
+floor at seq 1, head_dim 1, where only the Python wrapper, the dispatcher,
+autograd and argument checks remain. Last, one KV-cache decode step (8 query
+heads on 2 KV heads, 4096 and 32768 cached keys, float32) with the K/V bytes
+read per second.
 
 Times are medians of --reps calls after --warmup calls, wall clock, with
 torch.set_num_threads(--threads). Prints the CPU model, the ISA PyTorch's
@@ -70,33 +70,35 @@ def make_inputs(B, H, L, D, dtype, seed=0):
     return q, k, v, do
 
 
-def cases(B, H, L, D, exact=False):
-    """name -> (dtype, function of (q, k, v, causal))."""
-    c = {
-        "continuum fp32": (torch.float32, lambda q, k, v, c: ca.attention(q, k, v, causal=c)),
-        "softmax (ours) fp32": (torch.float32,
-                                lambda q, k, v, c: ca.attention(q, k, v, kernel="softmax", causal=c)),
-    }
-    if exact:
-        c["continuum fp32 compute=float64"] = (
-            torch.float32, lambda q, k, v, c: ca.attention(q, k, v, causal=c, compute="float64"))
-        c["softmax (ours) fp32 compute=float64"] = (
-            torch.float32,
-            lambda q, k, v, c: ca.attention(q, k, v, kernel="softmax", causal=c, compute="float64"))
-    c["SDPA fp32"] = (torch.float32,
-                      lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c))
-    c["SDPA bf16"] = (torch.bfloat16,
-                      lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c))
-    return c
+BASELINE = {torch.float32: "SDPA fp32", torch.bfloat16: "SDPA bf16"}
+DTYPE_NAME = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
-def run(B, H, L, D, reps, warmup, backward_too=True, exact=False):
+def cases(dtypes, exact=False):
+    """name -> (dtype, function of (q, k, v, causal)): ours and SDPA in each of
+    dtypes, SDPA last in each (the baseline of its dtype)."""
+    out = {}
+    for dtype in dtypes:
+        t = DTYPE_NAME[dtype]
+        out[f"continuum {t}"] = (dtype, lambda q, k, v, c: ca.attention(q, k, v, causal=c))
+        out[f"softmax (ours) {t}"] = (dtype, lambda q, k, v, c: ca.attention(q, k, v, kernel="softmax", causal=c))
+        if exact and dtype == torch.float32:
+            out["continuum fp32 compute=float64"] = (
+                dtype, lambda q, k, v, c: ca.attention(q, k, v, causal=c, compute="float64"))
+            out["softmax (ours) fp32 compute=float64"] = (
+                dtype, lambda q, k, v, c: ca.attention(q, k, v, kernel="softmax", causal=c, compute="float64"))
+        out[BASELINE[dtype]] = (dtype, lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c))
+    return out
+
+
+def run(B, H, L, D, reps, warmup, dtypes=(torch.float32, torch.bfloat16), backward_too=True, exact=False):
+    """(name, causal, "fwd" | "fwd+bwd") -> (median seconds, dtype)."""
     results = {}
-    for name, (dtype, f) in cases(B, H, L, D, exact).items():
+    for name, (dtype, f) in cases(dtypes, exact).items():
         q, k, v, do = make_inputs(B, H, L, D, dtype)
         for causal in (False, True):
             with torch.no_grad():
-                results[(name, causal, "fwd")] = median_time(lambda: f(q, k, v, causal), reps, warmup)
+                results[(name, causal, "fwd")] = (median_time(lambda: f(q, k, v, causal), reps, warmup), dtype)
             if backward_too:
                 qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
 
@@ -104,22 +106,25 @@ def run(B, H, L, D, reps, warmup, backward_too=True, exact=False):
                     out = f(qg, kg, vg, causal)
                     torch.autograd.grad(out, (qg, kg, vg), do)
 
-                results[(name, causal, "fwd+bwd")] = median_time(fwd_bwd, reps, warmup)
+                results[(name, causal, "fwd+bwd")] = (median_time(fwd_bwd, reps, warmup), dtype)
     return results
 
 
-def print_table(results, unit, scale_to, baseline="SDPA fp32"):
+def print_table(results, unit, scale_to):
+    """One line per (visibility, pass) and dtype; each cell is the time and
+    SDPA's time in that dtype divided by it."""
     names = list(dict.fromkeys(n for n, _, _ in results))
+    dtypes = list(dict.fromkeys(dt for _, dt in results.values()))
     for causal in (False, True):
         for what in ("fwd", "fwd+bwd"):
-            if (baseline, causal, what) not in results:
-                continue
-            base = results[(baseline, causal, what)]
-            cells = []
-            for n in names:
-                t = results[(n, causal, what)]
-                cells.append(f"{n}: {t * scale_to:9.3f} {unit} ({base / t:5.2f}x)")
-            print(f"  {'causal' if causal else 'full  '} {what:8s} " + " | ".join(cells))
+            for dtype in dtypes:
+                base = results[(BASELINE[dtype], causal, what)][0]
+                cells = []
+                for n in names:
+                    t, dt = results[(n, causal, what)]
+                    if dt == dtype:
+                        cells.append(f"{n}: {t * scale_to:9.3f} {unit} ({base / t:5.2f}x)")
+                print(f"  {'causal' if causal else 'full  '} {what:8s} " + " | ".join(cells))
 
 
 def decode(kv_lens, dim, reps, warmup):
@@ -163,13 +168,13 @@ def main():
     print(f"ISA: continuum kernels {ca.cpu_isa()}; PyTorch CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}; CPU flags {' '.join(isa) or 'none of the listed'}")
     print(f"torch {torch.__version__}, continuum_attention {ca.__version__}; "
-          f"medians of {a.reps} after {a.warmup} warm-up; ratio = SDPA fp32 time / this time")
+          f"medians of {a.reps} after {a.warmup} warm-up; ratio = SDPA's time in the same dtype / this time")
     print(f"\nbatch 1, {a.heads} heads, seq {a.seq}, head_dim {a.dim}:")
     print_table(run(1, a.heads, a.seq, a.dim, a.reps, a.warmup, exact=a.exact), "ms", 1e3)
     print("\nper-call overhead, batch 1, 1 head, seq 64, head_dim 32 (medians of 200):")
-    print_table(run(1, 1, 64, 32, 200, 20), "us", 1e6)
+    print_table(run(1, 1, 64, 32, 200, 20, dtypes=(torch.float32,)), "us", 1e6)
     print("\ndispatch floor, batch 1, 1 head, seq 1, head_dim 1 (no arithmetic to speak of; medians of 200):")
-    print_table(run(1, 1, 1, 1, 200, 20), "us", 1e6)
+    print_table(run(1, 1, 1, 1, 200, 20, dtypes=(torch.float32,)), "us", 1e6)
     print(f"\ndecode step, 8 query heads on 2 KV heads, head_dim {a.dim}, fp32 (medians of 50; ratio = SDPA / ours):")
     decode((4096, 32768), a.dim, 50, 5)
 
