@@ -297,6 +297,135 @@ TEST_CASE("tiled forward: a KV-cache decode step is the full causal row, bit for
   });
 }
 
+TEST_CASE("tiled forward: a decode step measures its rows' eligibility where it reads its keys", "[operator][tiled]") {
+  // A decode step's task (the few query rows of one head group) takes its
+  // rows' key and value magnitudes from the key tiles it reads (measure_keys),
+  // not from row_eligibility's pass over the KV cache; the rows' states must be
+  // the same. In KV head 1, key 300's value row is 1e29 (a row that sees it
+  // exceeds float's value bound: computed in double) and key 100's value holds
+  // a NaN (a row that sees it is NaN). Each decode step must be the full causal
+  // forward's row (tasks of 256 rows: row_eligibility's states), bit for bit;
+  // a declined row must be the Compute::float64 call's row.
+  const index_t window = GENERATE(0, 50);
+  const int kernel = GENERATE(0, 1);
+  Case<float> full;
+  full.Hq = 6;
+  full.Hk = 2;
+  const index_t n = kBc + 44, D = 16;
+  full.Lq = full.Lk = n;
+  full.D = full.Dv = D;
+  full.vis.causal = true;
+  full.vis.window_left = window - 1;  // a window of `window` keys; 0: none
+  full.kernel = kernel ? continuum::Kernel::softmax : continuum::Kernel::continuum;
+  full.tau = 0.3f;
+  full.alloc();
+  auto rng = rng_for(4343);
+  full.fill_uniform(rng);
+  for (index_t d = 0; d < D; ++d) full.v.view.row(0, 1, 300)[d] = 1e29f;
+  full.v.view.row(0, 1, 100)[3] = std::numeric_limits<float>::quiet_NaN();
+  const auto sees = [&](index_t t, index_t key) { return key <= t && (window == 0 || t - key < window); };
+  for_each_vector_isa<float>("the decode step", "", [&] {
+    run_forward(full, true);
+    const auto full_o = full.o.contiguous();
+    for (index_t t : {index_t(99), index_t(100), index_t(149), index_t(150), index_t(299), index_t(300),
+                      index_t(349), index_t(350), n - 1}) {
+      std::vector<float> out[2], lse[2];
+      for (int exact : {0, 1}) {
+        continuum::ForwardArgs<float> a = full.forward_args();
+        a.compute = exact ? continuum::Compute::float64 : continuum::Compute::automatic;
+        a.query.data = full.q.view.row(0, 0, t);
+        a.query.seq = 1;
+        a.key.seq = a.value.seq = t + 1;
+        out[exact].assign(std::size_t(6 * D), 0.f);
+        lse[exact].assign(6, 0.f);
+        a.out = continuum::TensorView<float>::bhsd(out[exact].data(), 1, 6, 1, D);
+        a.lse = lse[exact].data();
+        continuum::attention_forward(continuum::cpu, a);
+      }
+      for (index_t h = 0; h < 6; ++h) {
+        INFO("window " << window << " kernel " << kernel << " step " << t << " head " << h);
+        const float* o = out[0].data() + h * D;
+        CHECK(std::memcmp(o, full_o.data() + (h * n + t) * D, std::size_t(D) * sizeof(float)) == 0);
+        CHECK(std::memcmp(&lse[0][std::size_t(h)], &full.lse[std::size_t(h * n + t)], sizeof(float)) == 0);
+        const bool nan_row = h >= 3 && sees(t, 100), declined = h >= 3 && !nan_row && sees(t, 300);
+        CHECK(std::isnan(o[0]) == nan_row);
+        CHECK(std::isnan(lse[0][std::size_t(h)]) == nan_row);
+        if (declined) {
+          CHECK(std::isfinite(o[0]));
+          CHECK(std::memcmp(o, out[1].data() + h * D, std::size_t(D) * sizeof(float)) == 0);
+        }
+      }
+    }
+  });
+}
+
+TEST_CASE("tiled forward: a split decode step measures its rows' eligibility chunk by chunk", "[operator][tiled]") {
+  // Over 2·kSplitKeys + 37 cached keys (three chunks, each a task that measures
+  // what its rows see: measure_keys), batch 0's KV head 0 has a NaN in key 5's
+  // value (its rows are NaN), its KV head 1 a value row of 1e29 at key 3000 in
+  // the second chunk (its rows are computed in double: the Compute::float64
+  // call's rows, bit for bit); batch 1 sees keys [100, Lk) and has a NaN in
+  // key 50's value, which it cannot see: its rows are those of the same call
+  // without that NaN. Bitwise the same on 1, 2 and 3 threads.
+  using continuum::cpu_detail::tiled::kSplitKeys;
+  const int kernel = GENERATE(0, 1);
+  const index_t Lk = 2 * kSplitKeys + 37, Hq = 4, Dv = 8;
+  auto make = [&](Case<float>& c, int threads, bool hidden_nan, bool exact) {
+    c.B = 2;
+    c.Hq = Hq;
+    c.Hk = 2;
+    c.Lq = 1;
+    c.Lk = Lk;
+    c.D = 16;
+    c.Dv = Dv;
+    c.kernel = kernel ? continuum::Kernel::softmax : continuum::Kernel::continuum;
+    c.tau = 0.3f;
+    c.range_lo = {0, 100};
+    c.range_hi = {Lk, Lk};
+    c.threads = threads;
+    c.compute = exact ? continuum::Compute::float64 : continuum::Compute::automatic;
+    c.alloc();
+    auto rng = rng_for(919);
+    c.fill_uniform(rng);
+    c.v.view.row(0, 0, 5)[2] = std::numeric_limits<float>::quiet_NaN();
+    for (index_t d = 0; d < Dv; ++d) c.v.view.row(0, 1, 3000)[d] = 1e29f;
+    if (hidden_nan) c.v.view.row(1, 0, 50)[0] = std::numeric_limits<float>::quiet_NaN();
+    c.forward();
+  };
+  Case<float> exact, clean;
+  make(exact, 1, true, true);
+  make(clean, 1, false, false);
+  const auto exact_o = exact.o.contiguous(), clean_o = clean.o.contiguous();
+  std::vector<float> o1, l1;
+  for (int threads : {1, 2, 3}) {
+    Case<float> c;
+    make(c, threads, true, false);
+    const auto o = c.o.contiguous();
+    for (index_t h = 0; h < Hq; ++h) {
+      INFO("kernel " << kernel << ", threads " << threads << ", head " << h);
+      const std::size_t b0 = std::size_t(h * Dv), b1 = std::size_t((Hq + h) * Dv);
+      if (h < 2) {  // batch 0, KV head 0: sees the NaN
+        CHECK(std::isnan(o[b0]));
+        CHECK(std::isnan(c.lse[std::size_t(h)]));
+      } else {  // batch 0, KV head 1: declined to double
+        CHECK(std::isfinite(o[b0]));
+        CHECK(std::memcmp(&o[b0], &exact_o[b0], std::size_t(Dv) * sizeof(float)) == 0);
+        CHECK(std::memcmp(&c.lse[std::size_t(h)], &exact.lse[std::size_t(h)], sizeof(float)) == 0);
+      }
+      CHECK(std::isfinite(o[b1]));  // batch 1: the hidden NaN changes nothing
+      CHECK(std::memcmp(&o[b1], &clean_o[b1], std::size_t(Dv) * sizeof(float)) == 0);
+      CHECK(std::memcmp(&c.lse[std::size_t(Hq + h)], &clean.lse[std::size_t(Hq + h)], sizeof(float)) == 0);
+    }
+    if (threads == 1) {
+      o1 = o;
+      l1 = c.lse;
+    } else {
+      CHECK(bitwise_equal(o, o1));
+      CHECK(bitwise_equal(c.lse, l1));
+    }
+  }
+}
+
 TEST_CASE("tiled forward: a decode step over a long KV cache is split over the key axis", "[operator][tiled]") {
   // Lk ≥ 2·kSplitKeys: chunks of kSplitKeys keys (the last one short), each a
   // task, combined in chunk order. Checked against the reference (with P and

@@ -187,9 +187,9 @@ TEST_CASE("KeyMagnitudes::range_max is the maximum over every key range", "[unit
       bad = bad || !finite(kr, D) || !finite(vr, Dv);
       if (finite(kr, D)) kmax = std::max(kmax, norm2(kr, D));
       if (finite(vr, Dv)) vmax = std::max(vmax, norm2(vr, Dv));
-      float km2, vm2;
-      bool nonfinite;
-      km.range_max(lo, hi, km2, vm2, nonfinite);
+      const auto seen = km.range_max(lo, hi);
+      const float km2 = seen.kn, vm2 = seen.vn;
+      const bool nonfinite = seen.bad != 0;
       flagged += nonfinite;
       // (float sums of three squares: within 1e-6 of the double ones; ‖k‖² beyond FLT_MAX is +inf.)
       const float inf = std::numeric_limits<float>::infinity();

@@ -36,8 +36,9 @@ namespace continuum {
 ///                    attention_backward a forward of its own (params.hpp
 ///                    RowStats, docs/MATH.md §6): [B, Hq, Lq, Dv + 5] in
 ///                    accum_t<T> and [B, Hq, Lq] index_t. Asking for them
-///                    changes no bit of out or lse, except that a decode step
-///                    is not split over the key axis (see the last note).
+///                    changes no bit of out or lse, except in a call that
+///                    would be split over the key axis (see the last note),
+///                    which is then not split.
 ///                    The CUDA backend rejects them.
 /// \param args.temperature  τ > 0: scalar, per query head [Hq], or per query
 ///                    [B, Hq, Lq]; args.scale default 1/sqrt(D).
@@ -72,7 +73,10 @@ namespace continuum {
 ///       O(B·Hq·Lq + tiles); time O(B·Hq·Lq·Lk·(D + Dv)). A KV-cache decode step
 ///       (Lq = 1, causal) gives the full causal forward's row bit for bit up
 ///       to 4,095 keys; a longer cache is split over the key axis in 2,048-key
-///       chunks and agrees with it within rounding (MATH.md §10).
+///       chunks and agrees with it within rounding (MATH.md §10). On the CPU
+///       the split applies to every call whose query rows of one head, or of
+///       one GQA group, number at most 256 (one task) over 4,096 keys or more,
+///       unless it asks for row_stats.
 template <class Backend, class T>
 void attention_forward(Backend, const ForwardArgs<T>& args) {
   double scale = 1.0;

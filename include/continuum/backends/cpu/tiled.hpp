@@ -51,7 +51,7 @@
 // Masking is structural: every product that sums over keys or queries
 // (P·V, dS·K, Pᵀ·dO, dSᵀ·Q) sums only the pairs that see each other
 // (range_gemm), and which rows the tiled kernels take depends only on the data
-// each row sees (row_eligibility). Score products of hidden pairs are formed in
+// each row sees (row_eligibility, or in a decode step measure_keys). Score products of hidden pairs are formed in
 // the S and dP tiles (element by element, never summed) and never read.
 // The Lq × Lk matrices are never stored: memory is O(tiles + rows).
 // bfloat16 storage computed in float, on a bfloat16 unit (bf16::Unit: AMX-BF16
@@ -130,6 +130,10 @@ inline constexpr index_t kHeadCacheBytes = index_t(16) << 20;  // a thread's pac
 inline constexpr index_t kBcBwd = 128;  // keys per tile (backward)
 /// Keys per block of the magnitude pass's range maxima (row_eligibility).
 inline constexpr index_t kNormBlock = 128;
+/// The most rows of a decode step's task (all rows of its head group) that
+/// measure their eligibility as they read the key tiles (forward_tiled).
+inline constexpr index_t kMeasureRows = 16;
+static_assert(kMeasureRows <= kBs, "a measuring task is one sub-block: each key is measured once");
 
 template <class T>
 using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -498,7 +502,9 @@ class CallerFloatModes {
 // a row with a NaN or an Inf in the data it sees is not computed at all: its
 // outputs are NaN (write_nonfinite_rows). The decision is made per row, from
 // visible data only, so what a row cannot see never changes how it is
-// computed. Cost: one pass over Q, K, V (and dO).
+// computed. Cost: one pass over Q, K, V (and dO) — except in a decode step,
+// whose tasks measure the keys their rows see as they read each key tile
+// (measure_keys): the same decisions, without a second pass over the KV cache.
 // ---------------------------------------------------------------------------
 
 /// The type the magnitudes of T's data are measured in: double, or T when T
@@ -567,6 +573,20 @@ inline A row_norm2(const T* x, index_t n, bool& bad) {
   return std::numeric_limits<A>::infinity();
 }
 
+/// The maxima of ‖k‖² and ‖v‖² over the keys a row sees, and whether one of
+/// them holds a NaN or an Inf (KeyMagnitudes::range_max, or measured as a
+/// decode step reads its key tiles: forward_block).
+template <class A>
+struct KeysSeen {
+  A kn = A(0), vn = A(0);
+  char bad = 0;
+  void take(const KeysSeen& o) {
+    kn = std::max(kn, o.kn);
+    vn = std::max(vn, o.vn);
+    bad |= o.bad;
+  }
+};
+
 /// Per-key magnitudes of one (batch, KV head): ‖k_j‖², ‖v_j‖² and whether k_j
 /// or v_j holds a NaN or an Inf, as maxima (or) over blocks of kNormBlock keys
 /// and over each key's block up to it (pre) and from it on (suf), so that the
@@ -587,11 +607,6 @@ struct KeyMagnitudes {
       vn.resize(std::size_t(n));
       bad.resize(std::size_t(n));
     }
-    void take(index_t to, const Maxima& from, index_t at) {  // this[to] = max(this[to], from[at])
-      kn[std::size_t(to)] = std::max(kn[std::size_t(to)], from.kn[std::size_t(at)]);
-      vn[std::size_t(to)] = std::max(vn[std::size_t(to)], from.vn[std::size_t(at)]);
-      bad[std::size_t(to)] |= from.bad[std::size_t(at)];
-    }
     void set(index_t to, const Maxima& from, index_t at) {
       kn[std::size_t(to)] = from.kn[std::size_t(at)];
       vn[std::size_t(to)] = from.vn[std::size_t(at)];
@@ -609,29 +624,40 @@ struct KeyMagnitudes {
     // (16-bit rows are widened in registers: converting them to memory and
     // reading them back had stalled on store forwarding, 16-byte stores and
     // 32-byte loads.)
-    for (index_t j = 0; j < Lk; ++j) {
-      bool kb, vb;
-      key.kn[std::size_t(j)] = row_norm2<A>(k.row(b, hk, j), k.dim, kb);
-      key.vn[std::size_t(j)] = row_norm2<A>(v.row(b, hk, j), v.dim, vb);
-      key.bad[std::size_t(j)] = char(kb || vb);
-      pre.set(j, key, j);
-      if (j % kNormBlock != 0) pre.take(j, pre, j - 1);
+    // The running maxima stay in registers (pre, then suf, block by block):
+    // through the arrays, each key's maximum had waited for the store of the
+    // one before it.
+    for (index_t t = 0; t < nb; ++t) {
+      const index_t j0 = t * kNormBlock, j1 = std::min(Lk, j0 + kNormBlock);
+      A km = A(0), vm = A(0);
+      char bad = 0;
+      for (index_t j = j0; j < j1; ++j) {
+        bool kb, vb;
+        const A kn = row_norm2<A>(k.row(b, hk, j), k.dim, kb), vn = row_norm2<A>(v.row(b, hk, j), v.dim, vb);
+        const std::size_t at = std::size_t(j);
+        key.kn[at] = kn;
+        key.vn[at] = vn;
+        key.bad[at] = char(kb || vb);
+        pre.kn[at] = km = std::max(km, kn);
+        pre.vn[at] = vm = std::max(vm, vn);
+        pre.bad[at] = bad |= key.bad[at];
+      }
+      km = vm = A(0);
+      bad = 0;
+      for (index_t j = j1 - 1; j >= j0; --j) {
+        const std::size_t at = std::size_t(j);
+        suf.kn[at] = km = std::max(km, key.kn[at]);
+        suf.vn[at] = vm = std::max(vm, key.vn[at]);
+        suf.bad[at] = bad |= key.bad[at];
+      }
+      blk.set(t, suf, j0);
     }
-    for (index_t j = Lk - 1; j >= 0; --j) {
-      suf.set(j, key, j);
-      if ((j + 1) % kNormBlock != 0 && j + 1 < Lk) suf.take(j, suf, j + 1);
-    }
-    for (index_t t = 0; t < nb; ++t) blk.set(t, suf, t * kNormBlock);
   }
-  /// Maxima of ‖k‖² and ‖v‖² over the keys [lo, hi) (lo < hi); nonfinite when
-  /// one of them holds a NaN or an Inf.
-  void range_max(index_t lo, index_t hi, A& kmax, A& vmax, bool& nonfinite) const {
-    kmax = vmax = A(0);
-    char nf = 0;
+  /// The magnitudes of the keys [lo, hi) (lo < hi).
+  KeysSeen<A> range_max(index_t lo, index_t hi) const {
+    KeysSeen<A> seen;
     const auto take = [&](const Maxima& m, index_t at) {
-      kmax = std::max(kmax, m.kn[std::size_t(at)]);
-      vmax = std::max(vmax, m.vn[std::size_t(at)]);
-      nf |= m.bad[std::size_t(at)];
+      seen.take({m.kn[std::size_t(at)], m.vn[std::size_t(at)], m.bad[std::size_t(at)]});
     };
     const index_t first = lo / kNormBlock, last = (hi - 1) / kNormBlock;
     if (first == last) {  // within one block
@@ -647,7 +673,7 @@ struct KeyMagnitudes {
       for (index_t t = first + 1; t < last; ++t) take(blk, t);
       take(pre, hi - 1);
     }
-    nonfinite = nf != 0;
+    return seen;
   }
 };
 
@@ -686,6 +712,63 @@ bool all_zero(const T* x, index_t n) {
   return true;
 }
 
+/// The state of row (b, h, i), which sees the keys rg (not empty) with the
+/// magnitudes `keys`, for the kernels in T: kTiled, kDeclined or kNonFinite
+/// (see above). grad_out is null for the forward; group = query heads per KV
+/// head; unscaled_scores: the products run on a bfloat16 unit.
+template <class T, class S>
+RowState row_state(const TensorView<const S>& query, index_t value_dim, const TensorView<const T>* grad_out,
+                   const Temperature<T>& temp, double scale, index_t b, index_t h, index_t i, index_t group,
+                   KeyRange rg, const KeysSeen<BoundType<T>>& keys, bool unscaled_scores) {
+  using A = BoundType<T>;
+  const index_t Hq = query.heads, Lq = query.seq;
+  const A tau = A(temperature_at(temp, b, h, i, Hq, Lq));
+  const A c = A(A(scale) / tau);
+  A g2 = A(0);
+  bool qbad, gbad = false;
+  const A q2 = row_norm2<A>(query.row(b, h, i), query.dim, qbad);
+  if (grad_out) g2 = row_norm2<A>(grad_out->row(b, h, i), grad_out->dim, gbad);
+  if (keys.bad || qbad || gbad) return kNonFinite;
+  // Norms bound the magnitudes (max |x_d| ≤ ‖x‖). c = scale / τ is
+  // formed in T and folded into q: c and c·q must fit T.
+  const A qn = std::sqrt(q2), kmax = std::sqrt(keys.kn), vmax = std::sqrt(keys.vn), gm = std::sqrt(g2);
+  const A tmax = A(std::numeric_limits<T>::max());
+  // unscaled_scores: the bfloat16 products form q·k before c, so
+  // that must fit T too.
+  bool fine = tau > 0 && c <= tmax && c * qn <= tmax / 2 && (!unscaled_scores || qn * kmax <= tmax / 2) &&
+              c * qn * kmax <= A(kMaxScore<T>) && A(rg.size() + 1) * vmax <= A(kValueBound<T>);
+  // dP = dO · Vᵀ stays far from overflow.
+  if (fine && grad_out) fine = A(std::max(value_dim, rg.size()) + 1) * gm * vmax <= A(kValueBound<T>);
+  // unscaled_scores (a bfloat16 unit): its flushes of tiny products
+  // stay below float rounding (unit_flush_negligible) in each sum the
+  // unit forms — q·k; the P·V sum (weights ≤ 1); and backward, dO·v,
+  // dV = Σ P dO, dQ = Σ dS k and dK = Σ (c dS) q with |dS| ≤ 4 ‖dO‖ max‖v‖
+  // — else the row is computed without the unit, in the wider type.
+  if (fine && unscaled_scores) {
+    const double n = double(std::max(rg.size(), grad_out ? Lq * group : index_t(0)) + 1);
+    const double Q = double(qn), K = double(kmax), V = double(vmax), G = double(gm);
+    const bool q0 = qn == A(0) && all_zero(query.row(b, h, i), query.dim);
+    const bool g0 = grad_out && gm == A(0) && all_zero(grad_out->row(b, h, i), grad_out->dim);
+    fine = (q0 || unit_flush_negligible(double(query.dim), Q, K)) && unit_flush_negligible(n, 1, V);
+    if (fine && grad_out && !g0) {
+      const double ds = 4 * G * V;  // |dS_ij| ≤ 4 ‖dO_i‖ max‖v‖ (two segments' terms, each ≤ P |dP − Dl|)
+      // (dK's A side is c_i dS_ij, formed and rounded in float: it must stay finite.)
+      fine = double(c) * ds <= double(tmax) / 4 && unit_flush_negligible(double(value_dim), G, V) &&
+             unit_flush_negligible(n, 1, G) && unit_flush_negligible(n, ds, K) &&
+             (q0 || unit_flush_negligible(n, double(c) * ds, Q));
+    }
+  }
+  return fine ? kTiled : kDeclined;
+}
+
+/// ok[row] = kTiled for every row, kNotOurs outside subset (null = every row).
+inline void init_row_states(std::vector<char>& ok, index_t rows, const char* subset) {
+  ok.assign(std::size_t(rows), kTiled);
+  if (subset)
+    for (std::size_t r = 0; r < ok.size(); ++r)
+      if (!subset[r]) ok[r] = kNotOurs;
+}
+
 /// Per-row states for the kernels in T (see above): ok[row] is a RowState.
 /// The queries, keys and values may be stored in S (a 16-bit forward's own).
 /// subset (null = every row) marks the rows this call computes. grad_out is
@@ -698,10 +781,7 @@ index_t row_eligibility(const TensorView<const S>& query, const TensorView<const
                         const char* subset, std::vector<char>& ok, bool unscaled_scores = false) {
   using A = BoundType<T>;
   const index_t B = query.batch, Hq = query.heads, Hk = key.heads, Lq = query.seq, Lk = key.seq;
-  ok.assign(std::size_t(B * Hq * Lq), kTiled);
-  if (subset)
-    for (std::size_t r = 0; r < ok.size(); ++r)
-      if (!subset[r]) ok[r] = kNotOurs;
+  init_row_states(ok, B * Hq * Lq, subset);
   if (Hk <= 0 || B <= 0 || Lq <= 0 || Hq <= 0) return 0;
   const index_t group = Hq / Hk, ntasks = B * Hk;
   index_t rejected = 0;
@@ -724,52 +804,9 @@ index_t row_eligibility(const TensorView<const S>& query, const TensorView<const
           if (state == kNotOurs) continue;
           const KeyRange rg = visible_range(vis, b, i, Lq, Lk);
           if (rg.empty()) continue;
-          const A tau = A(temperature_at(temp, b, h, i, Hq, Lq));
-          const A c = A(A(scale) / tau);
-          A k2, v2, g2 = A(0);
-          bool bad, qbad, gbad = false;
-          km.range_max(rg.lo, rg.hi, k2, v2, bad);
-          const A q2 = row_norm2<A>(query.row(b, h, i), query.dim, qbad);
-          if (grad_out) g2 = row_norm2<A>(grad_out->row(b, h, i), grad_out->dim, gbad);
-          if (bad || qbad || gbad) {
-            state = kNonFinite;
-            ++rejected;
-            continue;
-          }
-          // Norms bound the magnitudes (max |x_d| ≤ ‖x‖). c = scale / τ is
-          // formed in T and folded into q: c and c·q must fit T.
-          const A qn = std::sqrt(q2), kmax = std::sqrt(k2), vmax = std::sqrt(v2), gm = std::sqrt(g2);
-          const A tmax = A(std::numeric_limits<T>::max());
-          // unscaled_scores: the bfloat16 products form q·k before c, so
-          // that must fit T too.
-          bool fine = tau > 0 && c <= tmax && c * qn <= tmax / 2 && (!unscaled_scores || qn * kmax <= tmax / 2) &&
-                      c * qn * kmax <= A(kMaxScore<T>) &&
-                      A(rg.size() + 1) * vmax <= A(kValueBound<T>);
-          // dP = dO · Vᵀ stays far from overflow.
-          if (fine && grad_out) fine = A(std::max(value.dim, rg.size()) + 1) * gm * vmax <= A(kValueBound<T>);
-          // unscaled_scores (a bfloat16 unit): its flushes of tiny products
-          // stay below float rounding (unit_flush_negligible) in each sum the
-          // unit forms — q·k; the P·V sum (weights ≤ 1); and backward, dO·v,
-          // dV = Σ P dO, dQ = Σ dS k and dK = Σ (c dS) q with |dS| ≤ 4 ‖dO‖ max‖v‖
-          // — else the row is computed without the unit, in the wider type.
-          if (fine && unscaled_scores) {
-            const double n = double(std::max(rg.size(), grad_out ? Lq * group : index_t(0)) + 1);
-            const double Q = double(qn), K = double(kmax), V = double(vmax), G = double(gm);
-            const bool q0 = qn == A(0) && all_zero(query.row(b, h, i), query.dim);
-            const bool g0 = grad_out && gm == A(0) && all_zero(grad_out->row(b, h, i), grad_out->dim);
-            fine = (q0 || unit_flush_negligible(double(query.dim), Q, K)) && unit_flush_negligible(n, 1, V);
-            if (fine && grad_out && !g0) {
-              const double ds = 4 * G * V;  // |dS_ij| ≤ 4 ‖dO_i‖ max‖v‖ (two segments' terms, each ≤ P |dP − Dl|)
-              // (dK's A side is c_i dS_ij, formed and rounded in float: it must stay finite.)
-              fine = double(c) * ds <= double(tmax) / 4 && unit_flush_negligible(double(value.dim), G, V) &&
-                     unit_flush_negligible(n, 1, G) && unit_flush_negligible(n, ds, K) &&
-                     (q0 || unit_flush_negligible(n, double(c) * ds, Q));
-            }
-          }
-          if (!fine) {
-            state = kDeclined;
-            ++rejected;
-          }
+          state = row_state<T>(query, value.dim, grad_out, temp, scale, b, h, i, group, rg,
+                               km.range_max(rg.lo, rg.hi), unscaled_scores);
+          if (state != kTiled) ++rejected;
         }
     }
   }
@@ -1350,6 +1387,11 @@ struct ForwardWorkspace {
   RowStatistics<T> stats{};  // where finished rows leave their statistics (none when null)
   std::vector<RowRange> range;
   std::vector<index_t> kb, ke;  // per row, the keys [kb, ke) of its P·V terms in the tile
+  // A decode step's eligibility, measured as its key tiles are read
+  // (forward_tiled, measure_keys): per row, the magnitudes of the keys it has
+  // seen so far; per key of the tile being read, its own.
+  bool measure = false;
+  std::vector<KeysSeen<BoundType<T>>> keys_seen, tile_keys;
   std::vector<T> map_s, map_w;  // one row's scores and weights (inspection maps only)
   // The tile products on a bfloat16 unit (bf16_products.hpp; bfloat16
   // storage computed in float): rows rounded up to whole tiles, depth D and
@@ -1395,6 +1437,7 @@ struct ForwardWorkspace {
         near_w(std::size_t(3 * rows)), carry(rows), halo_s(rows), last_s(rows), range(rows), kb(rows), ke(rows),
         unit(on) {
     vrow.resize(std::size_t(Dv));
+    keys_seen.resize(std::size_t(rows));
     if (stage && !on_unit()) vstage.resize(std::size_t((kBc + 1) * Dv));
     if (stage && on_unit()) vhalo.resize(std::size_t(Dv));
     const index_t nr = on_unit() ? round_up(rows, bf16::kRows) : rows;
@@ -1834,6 +1877,55 @@ T take_near_keys(index_t r, T* w, index_t key0, index_t c0, index_t c1, index_t 
   return took;
 }
 
+/// A decode step's eligibility (ws.measure; forward_tiled), measured where it
+/// reads a key tile: the magnitudes of the keys [u0, u1) of the tile [k0, k1)
+/// that the task's rows r0 … r1 − 1 see (row_norm2, as KeyMagnitudes), and each
+/// row's maxima over its own visible keys among them, into ws.keys_seen. Reading
+/// the K and V rows here brings them into the cache for the tile's products;
+/// as a pass of its own (row_eligibility) it read the whole KV cache once more
+/// (docs/PERFORMANCE.md, "A decode step's eligibility, measured as it reads
+/// its keys").
+template <class T, class S>
+void measure_keys(const Stored<S>& io, index_t b, index_t hk, index_t k0, index_t k1, index_t r0, index_t r1,
+                  index_t u0, index_t u1, ForwardWorkspace<T>& ws) {
+  using A = BoundType<T>;
+  KeysSeen<A> all;
+  for (index_t j = u0; j < u1; ++j) {
+    bool kb, vb;
+    KeysSeen<A>& t = ws.tile_keys[std::size_t(j - u0)];
+    t.kn = row_norm2<A>(io.key.row(b, hk, j), io.key.dim, kb);
+    t.vn = row_norm2<A>(io.value.row(b, hk, j), io.value.dim, vb);
+    t.bad = char(kb || vb);
+    all.take(t);
+  }
+  for (index_t r = r0; r < r1; ++r) {
+    const index_t vlo = std::max(ws.range[r].lo, k0), vhi = std::min(ws.range[r].hi, k1);
+    if (vlo >= vhi) continue;
+    if (vlo == u0 && vhi == u1) {  // (a decode step's rows mostly see the same keys)
+      ws.keys_seen[std::size_t(r)].take(all);
+      continue;
+    }
+    KeysSeen<A> mine;
+    for (index_t j = vlo; j < vhi; ++j) mine.take(ws.tile_keys[std::size_t(j - u0)]);
+    ws.keys_seen[std::size_t(r)].take(mine);
+  }
+}
+
+/// Whether measured row (b, h, i) is the tiled kernel's (ws.measure): its
+/// state from the keys it saw (row_state, as row_eligibility would have
+/// given it), left in ok; a row outside the subset or seeing no key stays.
+template <class T, class S>
+bool measured_row_tiled(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, index_t h, index_t i,
+                        double scale, const KeysSeen<BoundType<T>>& seen, char* ok) {
+  const index_t Hq = a.query.heads, Lq = a.query.seq;
+  char& state = ok[std::size_t((b * Hq + h) * Lq + i)];
+  const KeyRange rg = visible_range(a.visibility, b, i, Lq, a.key.seq);
+  if (state != kTiled || rg.empty()) return state == kTiled;
+  state = row_state<T>(io.query, a.value.dim, nullptr, a.temperature, scale, b, h, i, Hq / a.key.heads, rg, seen,
+                       false);
+  return state == kTiled;
+}
+
 /// One task: the query rows [i0, i1) of the nh query heads h0 … h0 + nh − 1 of
 /// batch b, which share one KV head (nh = 1, or the whole GQA group when a
 /// task can hold it: a decode step), so that each key tile is packed once for
@@ -1846,11 +1938,14 @@ T take_near_keys(index_t r, T* w, index_t key0, index_t c0, index_t c1, index_t 
 /// are finished and written, else their state (m, l, o) goes to
 /// partial[r · (Dv + 2) + …] (finish_split). The queries, keys and values
 /// are read from io (Stored), by the bfloat16 unit's steps too, and the
-/// outputs written there.
+/// outputs written there. ok: the rows' states (null: every row kTiled);
+/// with ws.measure the rows' eligibility is measured here (measure_keys): a
+/// finished row that the kernel in T does not take gets its state in ok and
+/// is not written; a chunk's rows leave what they saw in seen[r].
 template <class T, class Stencil, class S>
 void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, index_t h0, index_t nh, index_t i0,
-                   index_t i1, double scale, ForwardWorkspace<T>& ws, const char* ok, index_t ka, index_t kz,
-                   T* partial) {
+                   index_t i1, double scale, ForwardWorkspace<T>& ws, char* ok, index_t ka, index_t kz,
+                   T* partial, KeysSeen<BoundType<T>>* seen = nullptr) {
   constexpr bool staged = !std::is_same<S, T>::value;  // each tile's K, V rows widened into ws (pack_tile)
   const index_t Lq = a.query.seq, Lk = a.key.seq, D = a.query.dim, Dv = a.value.dim;
   const index_t Hq = a.query.heads;
@@ -1882,6 +1977,7 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
       }
     ws.m[r] = kNegInf;
     ws.l[r] = ws.rho[r] = T(0);
+    ws.keys_seen[std::size_t(r)] = {};
     ws.ref[r] = ws.carry_key[r] = -1;
     ws.carry[r] = T(0);
     for (index_t k = 0; k < 3; ++k) {
@@ -1944,6 +2040,7 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
         }
       }
       if (u0 >= u1) continue;  // the whole sub-block is blind to this tile: skipped
+      if (ws.measure) measure_keys(io, b, hk, k0, k1, r0, r1, u0, u1, ws);
       if (!packed) {
         // Kᵀ of the whole tile, padded with zero keys to the vector width
         // (a bfloat16 unit: K and V packed, keys no row of the task sees as zeros).
@@ -2117,8 +2214,11 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
       pr[0] = ws.m[r];
       pr[1] = ws.l[r];
       std::copy(ws.o.row(r).data(), ws.o.row(r).data() + Dv, pr + 2);
+      if (seen) seen[r] = ws.keys_seen[std::size_t(r)];
     } else {
-      write_row<T, Stencil>(a, io, b, h0 + r / ni, i0 + r % ni, r, ws);
+      const index_t h = h0 + r / ni, i = i0 + r % ni;
+      if (ws.measure && !measured_row_tiled(a, io, b, h, i, scale, ws.keys_seen[std::size_t(r)], ok)) continue;
+      write_row<T, Stencil>(a, io, b, h, i, r, ws);
     }
   }
 }
@@ -2126,14 +2226,21 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
 /// The rows of a split task (forward_block's arguments) from its chunks'
 /// states, partial[(c · rows + r) · (Dv + 2) + …] = (m, l, o) of row r in
 /// chunk c: combined in chunk order with the online row maximum, then written.
+/// With ws.measure, seen[c · rows + r] is what row r saw in chunk c: a row
+/// the kernel in T does not take gets its state in ok and is not written.
 template <class T, class Stencil, class S>
 void finish_split(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, index_t h0, index_t nh, index_t i0,
-                  index_t i1, double scale, ForwardWorkspace<T>& ws, const char* ok, index_t chunks,
-                  const T* partial) {
+                  index_t i1, double scale, ForwardWorkspace<T>& ws, char* ok, index_t chunks,
+                  const T* partial, const KeysSeen<BoundType<T>>* seen = nullptr) {
   const index_t Lq = a.query.seq, Lk = a.key.seq, Dv = a.value.dim, Hq = a.query.heads;
   const index_t ni = i1 - i0, nr = nh * ni;
   for (index_t r = 0; r < nr; ++r) {
     const index_t i = i0 + r % ni, h = h0 + r / ni;
+    if (ws.measure) {
+      KeysSeen<BoundType<T>> all;
+      for (index_t c = 0; c < chunks; ++c) all.take(seen[c * nr + r]);
+      if (!measured_row_tiled(a, io, b, h, i, scale, all, ok)) continue;
+    }
     ws.range[r] = row_range(a.visibility, b, i, Lq, Lk);
     if (ok && ok[(b * Hq + h) * Lq + i] != kTiled) ws.range[r] = {0, 0};
     scaled_query(a, io.query, b, h, i, scale, ws.q.row(r).data());
@@ -2219,8 +2326,19 @@ void forward_tiled(const ForwardArgs<T>& a, const Stored<S>& io, double scale, c
     const double bytes = double(tiles * kBc) * double(round_up(D, bf16::kStep) + round_up(Dv, bf16::kCols)) * 2;
     if (bytes <= double(kHeadCacheBytes)) head_keys = Lk;
   }
-  const index_t rejected = row_eligibility<T, S>(io.query, io.key, io.value, nullptr, a.visibility, a.temperature,
-                                                 scale, threads, subset, ok, unit != bf16::Unit::none);
+  // A decode step (a task holds all rows of its head group, a few of them)
+  // measures its rows' eligibility where it reads its key tiles
+  // (measure_keys), instead of in a pass of its own over the KV cache
+  // (row_eligibility): the same states, so the same bits.
+  const bool measure = nqb == 1 && task_rows <= kMeasureRows && unit == bf16::Unit::none && !stats && !a.probs &&
+                       !a.cell_mass;
+  index_t rejected = 0;
+  if (measure)
+    init_row_states(ok, B * Hq * Lq, subset);
+  else
+    rejected = row_eligibility<T, S>(io.query, io.key, io.value, nullptr, a.visibility, a.temperature, scale,
+                                     threads, subset, ok, unit != bf16::Unit::none);
+  std::vector<KeysSeen<BoundType<T>>> seen(measure && chunks > 1 ? std::size_t(ntasks * chunks * task_rows) : 0);
   if (ntasks == 0) return;
   // The jobs of one (batch, head group) — its row blocks × chunks — are taken
   // in order from its own counter. Thread t starts with the groups from
@@ -2241,6 +2359,8 @@ void forward_tiled(const ForwardArgs<T>& a, const Stored<S>& io, double scale, c
     ForwardWorkspace<T> ws(D, Dv, task_rows, unit, staged, head_keys);
     ws.accuracy = accuracy;
     ws.stats = stats;
+    ws.measure = measure;
+    if (measure) ws.tile_keys.resize(std::size_t(kBc));
     std::optional<bf16::TileScope> tiles;  // this thread's tile configuration, the caller's restored at the end
     if (unit == bf16::Unit::amx) tiles.emplace();
 #if defined(_OPENMP)
@@ -2266,13 +2386,14 @@ void forward_tiled(const ForwardArgs<T>& a, const Stored<S>& io, double scale, c
       const index_t b = bh / (Hq / nh), h0 = bh % (Hq / nh) * nh;
       const index_t i0 = qb * kBr, i1 = std::min(Lq, i0 + kBr);
       if (!task_has_rows(ok, subset, b, h0, nh, i0, i1, Hq, Lq)) continue;  // rows outside the subset are not written
-      const char* okp = subset || rejected ? ok.data() : nullptr;
+      char* okp = subset || rejected || measure ? ok.data() : nullptr;
       if (chunks == 1)
         forward_block<T, Stencil>(a, io, b, h0, nh, i0, i1, scale, ws, okp, 0, Lk, nullptr);
       else
         forward_block<T, Stencil>(a, io, b, h0, nh, i0, i1, scale, ws, okp, chunk * kSplitKeys,
                                   std::min(Lk, (chunk + 1) * kSplitKeys),
-                                  partial.data() + (task * chunks + chunk) * task_rows * (Dv + 2));
+                                  partial.data() + (task * chunks + chunk) * task_rows * (Dv + 2),
+                                  measure ? seen.data() + (task * chunks + chunk) * task_rows : nullptr);
     }
     if (chunks > 1) {
 #if defined(_OPENMP)
@@ -2284,11 +2405,14 @@ void forward_tiled(const ForwardArgs<T>& a, const Stored<S>& io, double scale, c
         const index_t b = bh / (Hq / nh), h0 = bh % (Hq / nh) * nh;
         const index_t i0 = 0, i1 = Lq;
         if (!task_has_rows(ok, subset, b, h0, nh, i0, i1, Hq, Lq)) continue;
-        finish_split<T, Stencil>(a, io, b, h0, nh, i0, i1, scale, ws, subset || rejected ? ok.data() : nullptr, chunks,
-                                 partial.data() + task * chunks * task_rows * (Dv + 2));
+        finish_split<T, Stencil>(a, io, b, h0, nh, i0, i1, scale, ws, subset || rejected || measure ? ok.data() : nullptr,
+                                 chunks, partial.data() + task * chunks * task_rows * (Dv + 2),
+                                 measure ? seen.data() + task * chunks * task_rows : nullptr);
       }
     }
   }
+  if (measure)
+    for (const char state : ok) rejected += state == kDeclined || state == kNonFinite;
   if (rejected > 0) {
     declined(rows_in_state(ok, kDeclined));
     write_nonfinite_rows(a, io.out, ok);
