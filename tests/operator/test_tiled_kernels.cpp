@@ -392,38 +392,95 @@ TEST_CASE("tiled forward: a split decode step measures its rows' eligibility chu
     if (hidden_nan) c.v.view.row(1, 0, 50)[0] = std::numeric_limits<float>::quiet_NaN();
     c.forward();
   };
-  Case<float> exact, clean;
-  make(exact, 1, true, true);
-  make(clean, 1, false, false);
-  const auto exact_o = exact.o.contiguous(), clean_o = clean.o.contiguous();
-  std::vector<float> o1, l1;
-  for (int threads : {1, 2, 3}) {
-    Case<float> c;
-    make(c, threads, true, false);
-    const auto o = c.o.contiguous();
-    for (index_t h = 0; h < Hq; ++h) {
-      INFO("kernel " << kernel << ", threads " << threads << ", head " << h);
-      const std::size_t b0 = std::size_t(h * Dv), b1 = std::size_t((Hq + h) * Dv);
-      if (h < 2) {  // batch 0, KV head 0: sees the NaN
-        CHECK(std::isnan(o[b0]));
-        CHECK(std::isnan(c.lse[std::size_t(h)]));
-      } else {  // batch 0, KV head 1: declined to double
-        CHECK(std::isfinite(o[b0]));
-        CHECK(std::memcmp(&o[b0], &exact_o[b0], std::size_t(Dv) * sizeof(float)) == 0);
-        CHECK(std::memcmp(&c.lse[std::size_t(h)], &exact.lse[std::size_t(h)], sizeof(float)) == 0);
+  for_each_vector_isa<float>("the split decode step", "", [&] {
+    Case<float> exact, clean;
+    make(exact, 1, true, true);
+    make(clean, 1, false, false);
+    const auto exact_o = exact.o.contiguous(), clean_o = clean.o.contiguous();
+    std::vector<float> o1, l1;
+    for (int threads : {1, 2, 3}) {
+      Case<float> c;
+      make(c, threads, true, false);
+      const auto o = c.o.contiguous();
+      for (index_t h = 0; h < Hq; ++h) {
+        INFO("kernel " << kernel << ", threads " << threads << ", head " << h);
+        const std::size_t b0 = std::size_t(h * Dv), b1 = std::size_t((Hq + h) * Dv);
+        if (h < 2) {  // batch 0, KV head 0: sees the NaN
+          CHECK(std::isnan(o[b0]));
+          CHECK(std::isnan(c.lse[std::size_t(h)]));
+        } else {  // batch 0, KV head 1: declined to double
+          CHECK(std::isfinite(o[b0]));
+          CHECK(std::memcmp(&o[b0], &exact_o[b0], std::size_t(Dv) * sizeof(float)) == 0);
+          CHECK(std::memcmp(&c.lse[std::size_t(h)], &exact.lse[std::size_t(h)], sizeof(float)) == 0);
+        }
+        CHECK(std::isfinite(o[b1]));  // batch 1: the hidden NaN changes nothing
+        CHECK(std::memcmp(&o[b1], &clean_o[b1], std::size_t(Dv) * sizeof(float)) == 0);
+        CHECK(std::memcmp(&c.lse[std::size_t(Hq + h)], &clean.lse[std::size_t(Hq + h)], sizeof(float)) == 0);
       }
-      CHECK(std::isfinite(o[b1]));  // batch 1: the hidden NaN changes nothing
-      CHECK(std::memcmp(&o[b1], &clean_o[b1], std::size_t(Dv) * sizeof(float)) == 0);
-      CHECK(std::memcmp(&c.lse[std::size_t(Hq + h)], &clean.lse[std::size_t(Hq + h)], sizeof(float)) == 0);
+      if (threads == 1) {
+        o1 = o;
+        l1 = c.lse;
+      } else {
+        CHECK(bitwise_equal(o, o1));
+        CHECK(bitwise_equal(c.lse, l1));
+      }
     }
-    if (threads == 1) {
-      o1 = o;
-      l1 = c.lse;
-    } else {
-      CHECK(bitwise_equal(o, o1));
-      CHECK(bitwise_equal(c.lse, l1));
+  });
+}
+
+TEST_CASE("tiled forward: a block of a few rows measures each row's own keys", "[operator][tiled]") {
+  // Four query rows of two query heads per KV head (a task of 8 rows: the
+  // measuring path), causal over t0 + 4 keys, so that each row sees one key
+  // more than the row before (measure_keys' per-row maxima). In KV head 1,
+  // key t0 + 2's value row is 1e29 (rows 2 and 3 see it) and key t0 + 3's key
+  // holds a NaN (row 3 sees it): row 3 is NaN, row 2 is computed in double
+  // (the Compute::float64 call's row), rows 0 and 1 stay in float, beside the
+  // declined rows' task-mates in the double pass. Every row must be the full
+  // causal forward's (tasks of 256 rows: row_eligibility's states), bit for
+  // bit. t0 = kBc − 2 puts the block's last two rows' ends in the next key tile.
+  const int kernel = GENERATE(0, 1);
+  const index_t t0 = GENERATE(index_t(100), kBc - 2);
+  const index_t Hq = 4, n = kBc + 44, D = 16, rows = 4;
+  Case<float> full;
+  full.Hq = Hq;
+  full.Hk = 2;
+  full.Lq = full.Lk = n;
+  full.D = full.Dv = D;
+  full.vis.causal = true;
+  full.kernel = kernel ? continuum::Kernel::softmax : continuum::Kernel::continuum;
+  full.tau = 0.3f;
+  full.alloc();
+  auto rng = rng_for(5151);
+  full.fill_uniform(rng);
+  for (index_t d = 0; d < D; ++d) full.v.view.row(0, 1, t0 + 2)[d] = 1e29f;
+  full.k.view.row(0, 1, t0 + 3)[5] = std::numeric_limits<float>::quiet_NaN();
+  for_each_vector_isa<float>("the block of a few rows", "", [&] {
+    run_forward(full, true);
+    const auto full_o = full.o.contiguous();
+    std::vector<float> out[2], lse[2];
+    for (int exact : {0, 1}) {
+      continuum::ForwardArgs<float> a = full.forward_args();
+      a.compute = exact ? continuum::Compute::float64 : continuum::Compute::automatic;
+      a.query.data = full.q.view.row(0, 0, t0);
+      a.query.seq = rows;
+      a.key.seq = a.value.seq = t0 + rows;
+      out[exact].assign(std::size_t(Hq * rows * D), 0.f);
+      lse[exact].assign(std::size_t(Hq * rows), 0.f);
+      a.out = continuum::TensorView<float>::bhsd(out[exact].data(), 1, Hq, rows, D);
+      a.lse = lse[exact].data();
+      continuum::attention_forward(continuum::cpu, a);
     }
-  }
+    for (index_t h = 0; h < Hq; ++h)
+      for (index_t i = 0; i < rows; ++i) {
+        INFO("kernel " << kernel << ", t0 " << t0 << ", head " << h << ", row " << i);
+        const std::size_t at = std::size_t((h * rows + i) * D), row = std::size_t(h * rows + i);
+        CHECK(std::memcmp(&out[0][at], full_o.data() + (h * n + t0 + i) * D, std::size_t(D) * sizeof(float)) == 0);
+        CHECK(std::memcmp(&lse[0][row], &full.lse[std::size_t(h * n + t0 + i)], sizeof(float)) == 0);
+        const bool nan_row = h >= 2 && i == 3, declined = h >= 2 && i == 2;
+        CHECK(std::isnan(out[0][at]) == nan_row);
+        if (declined) CHECK(std::memcmp(&out[0][at], &out[1][at], std::size_t(D) * sizeof(float)) == 0);
+      }
+  });
 }
 
 TEST_CASE("tiled forward: a decode step over a long KV cache is split over the key axis", "[operator][tiled]") {

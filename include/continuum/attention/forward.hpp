@@ -74,9 +74,9 @@ namespace continuum {
 ///       (Lq = 1, causal) gives the full causal forward's row bit for bit up
 ///       to 4,095 keys; a longer cache is split over the key axis in 2,048-key
 ///       chunks and agrees with it within rounding (MATH.md §10). On the CPU
-///       the split applies to every call whose query rows of one head, or of
-///       one GQA group, number at most 256 (one task) over 4,096 keys or more,
-///       unless it asks for row_stats.
+///       the split applies to every call with at most 256 query rows (Lq ≤ 256:
+///       each head's, or GQA group's, rows in one task) over 4,096 keys or
+///       more, unless it asks for row_stats.
 template <class Backend, class T>
 void attention_forward(Backend, const ForwardArgs<T>& args) {
   double scale = 1.0;

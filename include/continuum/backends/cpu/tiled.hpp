@@ -51,8 +51,9 @@
 // Masking is structural: every product that sums over keys or queries
 // (P·V, dS·K, Pᵀ·dO, dSᵀ·Q) sums only the pairs that see each other
 // (range_gemm), and which rows the tiled kernels take depends only on the data
-// each row sees (row_eligibility, or in a decode step measure_keys). Score products of hidden pairs are formed in
-// the S and dP tiles (element by element, never summed) and never read.
+// each row sees (row_eligibility, or in a decode step measure_keys). Score
+// products of hidden pairs are formed in the S and dP tiles (element by
+// element, never summed) and never read.
 // The Lq × Lk matrices are never stored: memory is O(tiles + rows).
 // bfloat16 storage computed in float, on a bfloat16 unit (bf16::Unit: AMX-BF16
 // tiles or AVX512-BF16 vectors, where the CPU has one): the forward's S and
@@ -1938,10 +1939,11 @@ bool measured_row_tiled(const ForwardArgs<T>& a, const Stored<S>& io, index_t b,
 /// are finished and written, else their state (m, l, o) goes to
 /// partial[r · (Dv + 2) + …] (finish_split). The queries, keys and values
 /// are read from io (Stored), by the bfloat16 unit's steps too, and the
-/// outputs written there. ok: the rows' states (null: every row kTiled);
-/// with ws.measure the rows' eligibility is measured here (measure_keys): a
-/// finished row that the kernel in T does not take gets its state in ok and
-/// is not written; a chunk's rows leave what they saw in seen[r].
+/// outputs written there. ok: the rows' states (null: every row kTiled;
+/// never null with ws.measure, where the rows' eligibility is measured here,
+/// measure_keys): a finished row that the kernel in T does not take gets its
+/// state in ok and is not written; a chunk's rows leave what they saw in
+/// seen[r].
 template <class T, class Stencil, class S>
 void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, index_t h0, index_t nh, index_t i0,
                    index_t i1, double scale, ForwardWorkspace<T>& ws, char* ok, index_t ka, index_t kz,
@@ -1957,8 +1959,10 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
   for (index_t r = 0; r < nr; ++r) {
     const index_t i = i0 + r % ni, h = h0 + r / ni;
     ws.range[r] = row_range(a.visibility, b, i, Lq, Lk);
-    // A row the tiled kernel does not take (see RowEligibility) is computed
-    // here as empty and written by the caller's `declined` afterwards.
+    // A row the tiled kernel does not take (row_eligibility) is computed
+    // here as empty and written by the caller's `declined` afterwards. (With
+    // ws.measure its state is known only at the end: it is computed, then
+    // not written.)
     if (ok && ok[(b * Hq + h) * Lq + i] != kTiled) ws.range[r] = {0, 0};
     if (ws.range[r].hi > ws.range[r].lo) {
       kmin = std::min(kmin, ws.range[r].lo);
@@ -2277,7 +2281,8 @@ inline bool task_has_rows(const std::vector<char>& ok, const char* subset, index
 /// Tiled forward, arithmetic in T, of the rows in `subset` (null = every
 /// row; the others' outputs are left alone). `scale` is the softmax scale
 /// (validated by the caller). Rows the tiled kernel in T does not take
-/// (row_eligibility) are handed to declined(rows), which computes them in the
+/// (row_eligibility, or in a decode step measure_keys) are handed to
+/// declined(rows), which computes them in the
 /// next wider type (backends/cpu.hpp); rows that see a NaN or an Inf get NaN
 /// outputs (write_nonfinite_rows). unit: the bfloat16 unit of the tile
 /// products (bf16_products.hpp) — only for float arguments that hold
@@ -2405,8 +2410,9 @@ void forward_tiled(const ForwardArgs<T>& a, const Stored<S>& io, double scale, c
         const index_t b = bh / (Hq / nh), h0 = bh % (Hq / nh) * nh;
         const index_t i0 = 0, i1 = Lq;
         if (!task_has_rows(ok, subset, b, h0, nh, i0, i1, Hq, Lq)) continue;
-        finish_split<T, Stencil>(a, io, b, h0, nh, i0, i1, scale, ws, subset || rejected || measure ? ok.data() : nullptr,
-                                 chunks, partial.data() + task * chunks * task_rows * (Dv + 2),
+        char* okp = subset || rejected || measure ? ok.data() : nullptr;
+        finish_split<T, Stencil>(a, io, b, h0, nh, i0, i1, scale, ws, okp, chunks,
+                                 partial.data() + task * chunks * task_rows * (Dv + 2),
                                  measure ? seen.data() + task * chunks * task_rows : nullptr);
       }
     }
