@@ -79,6 +79,26 @@ void check_bitwise_same(const Case<float>& c, const Outputs& first) {
   CHECK(bitwise_equal(now.dv, first.dv));
 }
 
+/// The source of the decode tests' rows: a float causal forward over kDecodeN
+/// tokens, Hq query heads on Hk, head_dim D and Dv, a window of `window` keys
+/// (0: none), τ = 0.3, data uniform in [-1, 1) from `salt`.
+constexpr index_t kDecodeN = kBc + 44;
+void setup_causal(Case<float>& c, index_t Hq, index_t Hk, index_t D, index_t Dv, index_t window, int kernel,
+                  std::uint64_t salt) {
+  c.Hq = Hq;
+  c.Hk = Hk;
+  c.Lq = c.Lk = kDecodeN;
+  c.D = D;
+  c.Dv = Dv;
+  c.vis.causal = true;
+  c.vis.window_left = window - 1;
+  c.kernel = kernel ? continuum::Kernel::softmax : continuum::Kernel::continuum;
+  c.tau = 0.3f;
+  c.alloc();
+  auto rng = rng_for(salt);
+  c.fill_uniform(rng);
+}
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("tiled forward matches the reference across tile boundaries", "[operator][tiled]", float,
@@ -257,19 +277,8 @@ TEST_CASE("tiled forward: a KV-cache decode step is the full causal row, bit for
   const index_t window = GENERATE(0, 50);
   const int kernel = GENERATE(0, 1);
   Case<float> full;
-  full.Hq = shape.Hq;
-  full.Hk = shape.Hk;
-  const index_t n = kBc + 44;
-  full.Lq = full.Lk = n;
-  full.D = shape.D;
-  full.Dv = 16;
-  full.vis.causal = true;
-  full.vis.window_left = window - 1;  // a window of `window` keys; 0: none
-  full.kernel = kernel ? continuum::Kernel::softmax : continuum::Kernel::continuum;
-  full.tau = 0.3f;
-  full.alloc();
-  auto rng = rng_for(4242);
-  full.fill_uniform(rng);
+  setup_causal(full, shape.Hq, shape.Hk, shape.D, 16, window, kernel, 4242);
+  const index_t n = kDecodeN;
   for_each_vector_isa<float>("the decode step", "", [&] {
     run_forward(full, true);
     const auto full_o = full.o.contiguous();
@@ -308,19 +317,9 @@ TEST_CASE("tiled forward: a decode step measures its rows' eligibility where it 
   // a declined row must be the Compute::float64 call's row.
   const index_t window = GENERATE(0, 50);
   const int kernel = GENERATE(0, 1);
+  const index_t n = kDecodeN, D = 16;
   Case<float> full;
-  full.Hq = 6;
-  full.Hk = 2;
-  const index_t n = kBc + 44, D = 16;
-  full.Lq = full.Lk = n;
-  full.D = full.Dv = D;
-  full.vis.causal = true;
-  full.vis.window_left = window - 1;  // a window of `window` keys; 0: none
-  full.kernel = kernel ? continuum::Kernel::softmax : continuum::Kernel::continuum;
-  full.tau = 0.3f;
-  full.alloc();
-  auto rng = rng_for(4343);
-  full.fill_uniform(rng);
+  setup_causal(full, 6, 2, D, D, window, kernel, 4343);
   for (index_t d = 0; d < D; ++d) full.v.view.row(0, 1, 300)[d] = 1e29f;
   full.v.view.row(0, 1, 100)[3] = std::numeric_limits<float>::quiet_NaN();
   const auto sees = [&](index_t t, index_t key) { return key <= t && (window == 0 || t - key < window); };
@@ -440,18 +439,9 @@ TEST_CASE("tiled forward: a block of a few rows measures each row's own keys", "
   // bit. t0 = kBc − 2 puts the block's last two rows' ends in the next key tile.
   const int kernel = GENERATE(0, 1);
   const index_t t0 = GENERATE(index_t(100), kBc - 2);
-  const index_t Hq = 4, n = kBc + 44, D = 16, rows = 4;
+  const index_t Hq = 4, n = kDecodeN, D = 16, rows = 4;
   Case<float> full;
-  full.Hq = Hq;
-  full.Hk = 2;
-  full.Lq = full.Lk = n;
-  full.D = full.Dv = D;
-  full.vis.causal = true;
-  full.kernel = kernel ? continuum::Kernel::softmax : continuum::Kernel::continuum;
-  full.tau = 0.3f;
-  full.alloc();
-  auto rng = rng_for(5151);
-  full.fill_uniform(rng);
+  setup_causal(full, Hq, 2, D, D, 0, kernel, 5151);
   for (index_t d = 0; d < D; ++d) full.v.view.row(0, 1, t0 + 2)[d] = 1e29f;
   full.k.view.row(0, 1, t0 + 3)[5] = std::numeric_limits<float>::quiet_NaN();
   for_each_vector_isa<float>("the block of a few rows", "", [&] {
