@@ -42,7 +42,7 @@ Isa best_supported() {
 
 Isa initial() {
   const char* env = std::getenv("CONTINUUM_CPU_ISA");
-  if (env == nullptr || *env == '\0') return best_supported();
+  if (env == nullptr || *env == '\0') return automatic();
   Isa isa;
   try {
     isa = parse(env);
@@ -105,6 +105,12 @@ bool supported(Isa isa) {
       return supported(Isa::avx512) && kTables[int(Isa::amx)]->usable();
   }
   return false;
+}
+
+Isa automatic() {
+  for (int i = kIsaCount - 1; i > 0; --i)
+    if (supported(Isa(i)) && (kTables[i]->preferred == nullptr || kTables[i]->preferred())) return Isa(i);
+  return Isa::sse2;
 }
 
 Isa selected() {

@@ -41,6 +41,7 @@ const cpu_dispatch::KernelTable kernel_table = {
     {&run_forward<float16, ContinuumStencil>, &run_forward<float16, SoftmaxStencil>},
     {&run_backward<float16, ContinuumStencil>, &run_backward<float16, SoftmaxStencil>},
     nullptr,
+    nullptr,
 };
 
 #if defined(CONTINUUM_KERNELS_ISA_avx512)
@@ -49,7 +50,7 @@ const cpu_dispatch::KernelTable kernel_table = {
 // backward's score products on AVX512-BF16 vectors ("avx512bf16") or
 // AMX-BF16 tiles ("amx"), once the unit's check says so.
 template <bf16::Unit U>
-constexpr cpu_dispatch::KernelTable unit_table(const char* (*isa)(), bool (*usable)()) {
+constexpr cpu_dispatch::KernelTable unit_table(const char* (*isa)(), bool (*usable)(), bool (*preferred)()) {
   return {
       isa,
       {&run_forward<float, ContinuumStencil>, &run_forward<float, SoftmaxStencil>},
@@ -61,14 +62,16 @@ constexpr cpu_dispatch::KernelTable unit_table(const char* (*isa)(), bool (*usab
       {&run_forward<float16, ContinuumStencil>, &run_forward<float16, SoftmaxStencil>},  // bfloat16 units only
       {&run_backward<float16, ContinuumStencil>, &run_backward<float16, SoftmaxStencil>},
       usable,
+      preferred,
   };
 }
 inline const char* compiled_isa_avx512bf16() { return "avx512bf16"; }
 inline const char* compiled_isa_amx() { return "amx"; }
 extern const cpu_dispatch::KernelTable kernel_table_avx512bf16, kernel_table_amx;
 const cpu_dispatch::KernelTable kernel_table_avx512bf16 =
-    unit_table<bf16::Unit::avx512bf16>(&compiled_isa_avx512bf16, &bf16::avx512bf16_usable);
-const cpu_dispatch::KernelTable kernel_table_amx = unit_table<bf16::Unit::amx>(&compiled_isa_amx, &bf16::amx_usable);
+    unit_table<bf16::Unit::avx512bf16>(&compiled_isa_avx512bf16, &bf16::avx512bf16_usable,
+                                       &bf16::avx512bf16_preferred);
+const cpu_dispatch::KernelTable kernel_table_amx = unit_table<bf16::Unit::amx>(&compiled_isa_amx, &bf16::amx_usable, nullptr);
 #endif
 
 }  // namespace cpu_detail

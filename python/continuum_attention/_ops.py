@@ -21,9 +21,11 @@ WITH_CUDA = bool(_C.with_cuda)
 def cpu_isa() -> str:
     """The instruction set of the CPU kernels this operator runs: ``"amx"``
     (``"avx512"`` with bfloat16 products on AMX-BF16 tiles), ``"avx512bf16"``
-    (``"avx512"`` with bfloat16 products on AVX512-BF16 vectors), ``"avx512"``,
-    ``"avx2"`` or ``"sse2"``, chosen from the running CPU at the first call (the
-    environment variable ``CONTINUUM_CPU_ISA`` may name a lower one), without
+    (``"avx512"`` with bfloat16 products on AVX512-BF16 vectors; chosen
+    automatically on AMD's CPUs only, whose vectors outrun float FMA there),
+    ``"avx512"``, ``"avx2"`` or ``"sse2"``, chosen from the running CPU at the
+    first call (the environment variable ``CONTINUUM_CPU_ISA`` may name another
+    one the CPU runs), without
     any ``-march`` flag at build time (docs/MATH.md §10, "Instruction sets").
     Raises ValueError when CONTINUUM_CPU_ISA names one this CPU cannot run."""
     return _C.cpu_isa()

@@ -745,7 +745,7 @@ inline bool on_bf16_unit() {
 #else
 inline bool on_bf16_unit() {
   namespace bf16 = continuum::cpu_detail::bf16;
-  return bf16::amx_usable() || bf16::avx512bf16_usable();
+  return bf16::amx_usable() || bf16::avx512bf16_preferred();
 }
 #endif
 

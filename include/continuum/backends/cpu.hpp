@@ -264,7 +264,7 @@ struct attention_impl<cpu_t> {
     namespace bf16 = cpu_detail::bf16;
     if constexpr (std::is_same<T, bfloat16>::value) {
       if (bf16::amx_usable()) return cpu_detail::run_forward<T, Stencil, bf16::Unit::amx>(args, shape, scale);
-      if (bf16::avx512bf16_usable())
+      if (bf16::avx512bf16_preferred())
         return cpu_detail::run_forward<T, Stencil, bf16::Unit::avx512bf16>(args, shape, scale);
     }
     cpu_detail::run_forward<T, Stencil>(args, shape, scale);
@@ -278,7 +278,7 @@ struct attention_impl<cpu_t> {
     namespace bf16 = cpu_detail::bf16;
     if constexpr (std::is_same<T, bfloat16>::value) {
       if (bf16::amx_usable()) return cpu_detail::run_backward<T, Stencil, bf16::Unit::amx>(args, shape, scale);
-      if (bf16::avx512bf16_usable())
+      if (bf16::avx512bf16_preferred())
         return cpu_detail::run_backward<T, Stencil, bf16::Unit::avx512bf16>(args, shape, scale);
     }
     cpu_detail::run_backward<T, Stencil>(args, shape, scale);

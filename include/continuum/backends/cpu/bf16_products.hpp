@@ -1,8 +1,9 @@
 // backends/cpu/bf16_products.hpp — the bfloat16 products of the tiled kernels
 // (tiled.hpp), for bfloat16 storage computed in float (MATH.md §10, "bfloat16
 // products"), on the best unit the CPU has: Intel AMX-BF16 tiles
-// (tdpbf16ps), else AVX512-BF16 vectors (vdpbf16ps, e.g. AMD Zen 4 / 5, or an
-// Intel Xeon whose AMX is not offered to the process):
+// (tdpbf16ps), else AVX512-BF16 vectors (vdpbf16ps) where they outrun float
+// FMA (AMD Zen 4 / 5; avx512bf16_preferred: an Intel Xeon whose AMX is not
+// offered to the process runs them only when asked, CONTINUUM_CPU_ISA):
 //
 //   S_raw = Q · K_tileᵀ     Q, K exactly their bfloat16 values; S = c_i ⊗ S_raw in float
 //   O    += W̃ · V_tile      W̃ = the stencil weights rounded to bfloat16 (RNE)  (forward)
@@ -217,6 +218,24 @@ inline bool avx512bf16_usable() {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
     return ((a >> 5) & 1u) != 0;
+  }();
+  return ok;
+}
+
+/// Whether the automatic choice of kernels (cpu_dispatch, or a header-only
+/// build's own) puts the products on AVX512-BF16 vectors: where the CPU has
+/// them and they outrun float FMA on the widened values — AMD's cores, whose
+/// vdpbf16ps does twice float FMA's FLOPs (probes: Zen 4, 468 against 234
+/// GFLOP/s on 2 threads). Intel's do half (a Xeon of family 6, model 207:
+/// 173 against 349), and there the float kernels run bfloat16 calls 1.55–1.73×
+/// faster (docs/PERFORMANCE.md, "AVX512-BF16 on an Intel Xeon without AMX"),
+/// so an Intel CPU without AMX, and any other vendor's, computes bfloat16 in
+/// float FMA. MATH.md §10, "Instruction sets".
+inline bool avx512bf16_preferred() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!avx512bf16_usable() || !__get_cpuid(0, &a, &b, &c, &d)) return false;
+    return b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
   }();
   return ok;
 }
@@ -668,6 +687,7 @@ CONTINUUM_DPBF16_FN bool round_row(const float* x, index_t lo, index_t hi, index
 
 #else
 inline bool avx512bf16_usable() { return false; }
+inline bool avx512bf16_preferred() { return false; }
 // Declared only: their callers run where kBf16 holds (tiled.hpp), i.e. here.
 bool round_pairs(const float* x0, float s0, index_t a0, index_t b0, const float* x1, float s1, index_t a1,
                  index_t b1, index_t n, std::uint32_t* w);

@@ -25,7 +25,9 @@ namespace cpu_dispatch {
 /// bfloat16 storage's tile products on AVX512-BF16 vectors
 /// (backends/cpu/bf16_products.hpp): avx512 and AVX512-BF16; amx — the same
 /// on AMX-BF16 tiles: avx512, AMX-TILE, AMX-BF16, and Linux's permission for
-/// the tile data. (A CPU with AMX has AVX512-BF16 too; amx is preferred.)
+/// the tile data. (A CPU with AMX has AVX512-BF16 too; amx is preferred.
+/// avx512bf16 is chosen automatically only where its vectors outrun float
+/// FMA: automatic().)
 enum class Isa { sse2 = 0, avx2 = 1, avx512 = 2, avx512bf16 = 3, amx = 4 };
 inline constexpr int kIsaCount = 5;
 
@@ -35,7 +37,14 @@ const char* name(Isa isa);
 /// Whether the running CPU and operating system can run isa's kernels.
 bool supported(Isa isa);
 
-/// The instruction set of every later call: the best one the CPU supports, or
+/// The instruction set a call runs by default: the best one the CPU
+/// supports, except avx512bf16 where AVX512-BF16's products are slower than
+/// float FMA on the widened values (any CPU but AMD's: there avx512, whose
+/// float kernels run bfloat16 calls; bf16::avx512bf16_preferred() in
+/// bf16_products.hpp, MATH.md §10, "Instruction sets").
+Isa automatic();
+
+/// The instruction set of every later call: automatic(), or
 /// the one the environment variable CONTINUUM_CPU_ISA names (sse2, avx2,
 /// avx512, avx512bf16, amx; read once, at the first call), or the last select().
 /// \throws std::invalid_argument when CONTINUUM_CPU_ISA names an unknown
@@ -79,6 +88,7 @@ struct KernelTable {
   Forward<float16> forward_f16[2];
   Backward<float16> backward_f16[2];
   bool (*usable)();  // a check beyond AVX-512 (avx512bf16: CPUID; amx: CPUID and the tile permission), or null
+  bool (*preferred)();  // whether automatic() takes this set where it is usable (null: always)
 };
 
 }  // namespace cpu_dispatch
