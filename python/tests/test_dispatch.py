@@ -43,6 +43,53 @@ def test_unknown_set_is_a_clear_error():
     assert "unknown instruction set 'avx3'" in r.stderr
 
 
+def cpu_flags_and_vendor():
+    """The first processor's flags and vendor_id in /proc/cpuinfo (None where it has none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return None, None
+    flags = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
+    vendor = re.search(r"^vendor_id\s*:\s*(\S+)", text, re.M)
+    return (set(flags.group(1).split()) if flags else None), (vendor.group(1) if vendor else None)
+
+
+def bf16_vectors_without_amx():
+    """Whether this CPU has AVX512-BF16 and no AMX-BF16 (per /proc/cpuinfo), and its vendor."""
+    flags, vendor = cpu_flags_and_vendor()
+    has = flags is not None and {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd", "avx512_bf16"} <= flags
+    return has and "amx_bf16" not in flags, vendor
+
+
+@pytest.mark.skipif(bool(os.environ.get("CONTINUUM_CPU_ISA")), reason="CONTINUUM_CPU_ISA names the set")
+def test_default_takes_bf16_vectors_on_amd_only():
+    """AVX512-BF16 vectors are the default where they outrun float FMA: AMD's
+    CPUs; an Intel CPU's run at half float FMA's FLOP rate, and there
+    bfloat16 is computed by the avx512 float kernels (docs/MATH.md §10,
+    "Instruction sets")."""
+    has, vendor = bf16_vectors_without_amx()
+    if not has:
+        pytest.skip("this CPU has no AVX512-BF16, or has AMX-BF16 (per /proc/cpuinfo)")
+    assert ca.cpu_isa() == ("avx512bf16" if vendor == "AuthenticAMD" else "avx512")
+
+
+def test_forced_bf16_vectors_keep_the_unit_bounds():
+    """Where AVX512-BF16 vectors are not the default (an Intel CPU without
+    AMX), CONTINUUM_CPU_ISA=avx512bf16 still runs them: the 16-bit storage
+    tests, run on them, hold them to the bfloat16 unit's bounds."""
+    has, _ = bf16_vectors_without_amx()
+    if not has or ca.cpu_isa() == "avx512bf16":
+        pytest.skip("no AVX512-BF16 without AMX here, or they are the default (covered by test_storage16_cpu)")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, CONTINUUM_CPU_ISA="avx512bf16")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        os.path.join(here, "test_storage16_cpu.py")],
+                       env=env, capture_output=True, text=True, timeout=600, cwd=here)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert re.search(r"\b\d+ passed", r.stdout), r.stdout[-2000:]
+
+
 def test_cpu_model_names_the_cpu_with_its_family():
     name = ca.cpu_model()
     assert isinstance(name, str) and name

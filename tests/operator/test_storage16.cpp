@@ -285,7 +285,8 @@ struct UnitTests {
   using Unit = int;  // the build's own kernels: one unit or none
   std::vector<Unit> list = on_bf16_unit() ? std::vector<Unit>{0} : std::vector<Unit>{};
   UnitTests() {
-    if (list.empty()) WARN("skipped: no bfloat16 unit (AVX512-BF16, AMX-BF16) for this process");
+    if (list.empty())
+      WARN("skipped: no bfloat16 unit this build takes (AMX-BF16, or AVX512-BF16 on AMD's CPUs) for this process");
   }
   void select(Unit) const {}
   bool is_amx(Unit) const { return continuum::cpu_detail::bf16::amx_usable(); }

@@ -19,7 +19,8 @@
 //     accuracy (2^-14 relative per term, cpu/vector_moments.hpp,
 //     StencilAccuracy::bf16), and the forward's tile products and the
 //     backward's score products (S, dP) run on a bfloat16 unit where the CPU
-//     has one, AMX-BF16 tiles or AVX512-BF16 vectors (cpu/bf16_products.hpp);
+//     has one that outruns float FMA, AMX-BF16 tiles or AVX512-BF16 vectors
+//     on AMD's CPUs (cpu/bf16_products.hpp, bf16::avx512bf16_preferred);
 //     float16 keeps float's stencil and vector products (its outputs hold 11
 //     bits, the bf16 stencil's gradient bound would not be below their
 //     rounding: MATH.md §10).
@@ -252,8 +253,9 @@ void run_backward(const BackwardArgs<T>& args, const AttentionShape& shape, doub
 /// The CPU backend. Built with CONTINUUM_CPU_DISPATCH (the project's own
 /// binaries: the CMake target continuum::cpu_dispatch), each call runs the
 /// kernels compiled for the best instruction set the running CPU has
-/// (cpu/dispatch.hpp); otherwise the kernels of this translation unit's
-/// target (-march), inline.
+/// (cpu/dispatch.hpp, cpu_dispatch::automatic()); otherwise the kernels of
+/// this translation unit's target (-march), inline, with the same choice of
+/// bfloat16 unit.
 template <>
 struct attention_impl<cpu_t> {
   template <class T, class Stencil>

@@ -3,7 +3,8 @@
 // products"), on the best unit the CPU has: Intel AMX-BF16 tiles
 // (tdpbf16ps), else AVX512-BF16 vectors (vdpbf16ps) where they outrun float
 // FMA (AMD Zen 4 / 5; avx512bf16_preferred: an Intel Xeon whose AMX is not
-// offered to the process runs them only when asked, CONTINUUM_CPU_ISA):
+// offered to the process runs them only when cpu_dispatch is asked to,
+// CONTINUUM_CPU_ISA; a header-only build there computes in float FMA):
 //
 //   S_raw = Q · K_tileᵀ     Q, K exactly their bfloat16 values; S = c_i ⊗ S_raw in float
 //   O    += W̃ · V_tile      W̃ = the stencil weights rounded to bfloat16 (RNE)  (forward)
