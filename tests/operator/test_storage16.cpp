@@ -825,6 +825,31 @@ TEST_CASE("bfloat16 units: operands small enough for the unit to flush go withou
                 dv = compare(x.dv.contiguous(), g.grad_value);
     record("backward dQ bfloat16" + unit_label() + " tiny operands", dq.rel());
     check_unit_gradients(dq, dk, dv, btol, u, eps_stencil, terms);
+    // A decode step (one query of batch 0 on every head, every key: a task of
+    // a GQA group's 2 rows, which measures its rows' eligibility as it reads
+    // the keys) goes without the unit where the full call did: the full
+    // call's rows, bit for bit.
+    for (const index_t i : {index_t(0), c.Lq - 1}) {
+      continuum::ForwardArgs<bfloat16> a;
+      copy_options(c, a);
+      a.query = x.q.view;
+      a.query.batch = 1;
+      a.query.seq = 1;
+      a.query.data = x.q.view.row(0, 0, i);
+      a.key = x.k.view;
+      a.value = x.v.view;
+      a.key.batch = a.value.batch = 1;
+      std::vector<bfloat16> o(std::size_t(c.Hq * c.Dv));
+      std::vector<float> l(std::size_t(c.Hq));
+      a.out = continuum::TensorView<bfloat16>::bhsd(o.data(), 1, c.Hq, 1, c.Dv);
+      a.lse = l.data();
+      continuum::attention_forward(continuum::cpu, a);
+      for (index_t h = 0; h < c.Hq; ++h) {
+        INFO("decode step of query " << i << ", head " << h);
+        CHECK(std::memcmp(o.data() + h * c.Dv, x.o.view.row(0, h, i), sizeof(bfloat16) * std::size_t(c.Dv)) == 0);
+        CHECK(std::memcmp(&l[std::size_t(h)], &lse[std::size_t(h * c.Lq + i)], sizeof(float)) == 0);
+      }
+    }
   }
 }
 
@@ -1164,6 +1189,162 @@ TEST_CASE("bfloat16 units: a decode step over a split KV cache (GQA, chunk halos
     CHECK(out.max_abs <= (forward_tolerance<float>(max_abs(f.scores), c.D) + u) * out.ref_scale +
                              (u + 2 * eps_stencil) * max_abs_of(c.v));
     CHECK(l.max_abs <= forward_tolerance<float>(max_abs(f.scores), c.D) * std::max(1.0, l.ref_scale) + eps_stencil);
+  }
+}
+
+TEST_CASE("bfloat16 units: a decode step measures its rows' eligibility where it reads its keys",
+          "[operator][bfloat16]") {
+  // A task of a few rows (all of a head group's: a decode step) measures the
+  // magnitudes of the keys its rows see as it reads each tile (measure_keys)
+  // and drops the rows the float kernels do not take at the end, so on a unit
+  // it has packed the keys of rows it will not write. Those must change no
+  // other row: a key whose value holds a NaN is packed as zeros (a row beside
+  // it adds 0 · v for it, which a NaN would make NaN), a value row of 1e29 (a
+  // row that sees it goes to double) adds an exact 0.
+  //
+  // Block: 4 query rows of 4 query heads on 2 KV heads (tasks of 8 rows),
+  // causal over t0 + 4 keys; in KV head 1, key t0 + 2's value row is 1e29
+  // (rows 2 and 3 see it) and key t0 + 3's value holds a NaN (row 3 sees it):
+  // row 3 is NaN, row 2 the Compute::float64 call's row, rows 0 and 1 stay on
+  // the unit. Every row must be the full causal forward's (row blocks of 64:
+  // row_eligibility's states), bit for bit. t0 = kBc − 2 puts the last two
+  // rows' ends in the next key tile.
+  const UnitTests units;
+  if (units.list.empty()) return;
+  const int kernel = GENERATE(0, 1);
+  const index_t kBc = continuum::cpu_detail::tiled::kBc;
+  const index_t t0 = GENERATE_COPY(index_t(100), kBc - 2);
+  const index_t Hq = 4, n = kBc + 44, D = 16, rows = 4;
+  Case<float> full;
+  full.Hq = Hq;
+  full.Hk = 2;
+  full.Lq = full.Lk = n;
+  full.D = full.Dv = D;
+  full.vis.causal = true;
+  full.kernel = kernel ? continuum::Kernel::softmax : continuum::Kernel::continuum;
+  full.tau = 0.3f;
+  full.alloc();
+  auto rng = rng_for(6161);
+  full.fill_uniform(rng);
+  for (index_t d = 0; d < D; ++d) full.v.view.row(0, 1, t0 + 2)[d] = 1e29f;
+  full.v.view.row(0, 1, t0 + 3)[5] = std::numeric_limits<float>::quiet_NaN();
+  round_inputs(full);
+  for (const auto unit : units.list) {
+    units.select(unit);
+    Bf16Call x(full);
+    std::vector<float> full_lse;
+    forward16(full, x, full_lse);
+    const std::vector<float> full_o = x.o.contiguous();
+    std::vector<float> out[2], lse[2];
+    for (int exact : {0, 1}) {
+      continuum::ForwardArgs<bfloat16> a;
+      copy_options(full, a);
+      a.compute = exact ? continuum::Compute::float64 : continuum::Compute::automatic;
+      a.query = x.q.view;
+      a.query.data = x.q.view.row(0, 0, t0);
+      a.query.seq = rows;
+      a.key = x.k.view;
+      a.value = x.v.view;
+      a.key.seq = a.value.seq = t0 + rows;
+      std::vector<bfloat16> o(std::size_t(Hq * rows * D), bfloat16(0.0f));
+      lse[exact].assign(std::size_t(Hq * rows), 0.f);
+      a.out = continuum::TensorView<bfloat16>::bhsd(o.data(), 1, Hq, rows, D);
+      a.lse = lse[exact].data();
+      continuum::attention_forward(continuum::cpu, a);
+      for (const bfloat16 y : o) out[exact].push_back(float(y));
+    }
+    for (index_t h = 0; h < Hq; ++h)
+      for (index_t i = 0; i < rows; ++i) {
+        INFO("bfloat16" << unit_label() << " kernel " << kernel << ", t0 " << t0 << ", head " << h << ", row " << i);
+        const std::size_t at = std::size_t((h * rows + i) * D), row = std::size_t(h * rows + i);
+        CHECK(std::memcmp(&out[0][at], full_o.data() + (h * n + t0 + i) * D, std::size_t(D) * sizeof(float)) == 0);
+        CHECK(std::memcmp(&lse[0][row], &full_lse[std::size_t(h * n + t0 + i)], sizeof(float)) == 0);
+        const bool nan_row = h >= 2 && i == 3, declined = h >= 2 && i == 2;
+        CHECK(std::isnan(out[0][at]) == nan_row);
+        CHECK(std::isnan(lse[0][row]) == nan_row);
+        if (!nan_row) CHECK(std::isfinite(out[0][at]));
+        if (declined) CHECK(std::memcmp(&out[0][at], &out[1][at], std::size_t(D) * sizeof(float)) == 0);
+      }
+  }
+}
+
+TEST_CASE("bfloat16 units: a split decode step measures its rows' eligibility chunk by chunk",
+          "[operator][bfloat16]") {
+  // Over 2·kSplitKeys + 37 cached keys (three chunks, each a task that
+  // measures what its rows see), batch 0's KV head 0 has a NaN in key 5's
+  // value (its rows are NaN), its KV head 1 a value row of 1e29 at key 3000 in
+  // the second chunk (its rows go to double: the Compute::float64 call's rows,
+  // bit for bit); batch 1 sees keys [100, Lk) and has a NaN in key 50's value,
+  // which it cannot see: its rows are those of the same call without that
+  // NaN. Bitwise the same on 1, 2 and 3 threads.
+  using continuum::cpu_detail::tiled::kSplitKeys;
+  const UnitTests units;
+  if (units.list.empty()) return;
+  const int kernel = GENERATE(0, 1);
+  const index_t Lk = 2 * kSplitKeys + 37, Hq = 4, Dv = 8;
+  const auto make = [&](Case<float>& c, int threads, bool hidden_nan, bool exact) {
+    c.B = 2;
+    c.Hq = Hq;
+    c.Hk = 2;
+    c.Lq = 1;
+    c.Lk = Lk;
+    c.D = 16;
+    c.Dv = Dv;
+    c.kernel = kernel ? continuum::Kernel::softmax : continuum::Kernel::continuum;
+    c.tau = 0.3f;
+    c.range_lo = {0, 100};
+    c.range_hi = {Lk, Lk};
+    c.threads = threads;
+    c.compute = exact ? continuum::Compute::float64 : continuum::Compute::automatic;
+    c.alloc();
+    auto rng = rng_for(929);
+    c.fill_uniform(rng);
+    c.v.view.row(0, 0, 5)[2] = std::numeric_limits<float>::quiet_NaN();
+    for (index_t d = 0; d < Dv; ++d) c.v.view.row(0, 1, 3000)[d] = 1e29f;
+    if (hidden_nan) c.v.view.row(1, 0, 50)[0] = std::numeric_limits<float>::quiet_NaN();
+    round_inputs(c);
+  };
+  const auto run = [](Case<float>& c, std::vector<float>& lse) {
+    Bf16Call x(c);
+    forward16(c, x, lse);
+    return x.o.contiguous();
+  };
+  for (const auto unit : units.list) {
+    units.select(unit);
+    Case<float> exact, clean;
+    make(exact, 1, true, true);
+    make(clean, 1, false, false);
+    std::vector<float> exact_lse, clean_lse;
+    const std::vector<float> exact_o = run(exact, exact_lse), clean_o = run(clean, clean_lse);
+    std::vector<float> o1, l1;
+    for (int threads : {1, 2, 3}) {
+      Case<float> c;
+      make(c, threads, true, false);
+      std::vector<float> lse;
+      const std::vector<float> o = run(c, lse);
+      for (index_t h = 0; h < Hq; ++h) {
+        INFO("bfloat16" << unit_label() << " kernel " << kernel << ", threads " << threads << ", head " << h);
+        const std::size_t b0 = std::size_t(h * Dv), b1 = std::size_t((Hq + h) * Dv);
+        if (h < 2) {  // batch 0, KV head 0: sees the NaN
+          CHECK(std::isnan(o[b0]));
+          CHECK(std::isnan(lse[std::size_t(h)]));
+        } else {  // batch 0, KV head 1: declined to double
+          CHECK(std::isfinite(o[b0]));
+          CHECK(std::memcmp(&o[b0], &exact_o[b0], std::size_t(Dv) * sizeof(float)) == 0);
+          CHECK(std::memcmp(&lse[std::size_t(h)], &exact_lse[std::size_t(h)], sizeof(float)) == 0);
+        }
+        CHECK(std::isfinite(o[b1]));  // batch 1: the hidden NaN changes nothing
+        CHECK(std::memcmp(&o[b1], &clean_o[b1], std::size_t(Dv) * sizeof(float)) == 0);
+        CHECK(std::memcmp(&lse[std::size_t(Hq + h)], &clean_lse[std::size_t(Hq + h)], sizeof(float)) == 0);
+      }
+      if (threads == 1) {
+        o1 = o;
+        l1 = lse;
+      } else {
+        CHECK(bitwise_equal(o, o1));
+        CHECK(bitwise_equal(lse, l1));
+      }
+    }
   }
 }
 

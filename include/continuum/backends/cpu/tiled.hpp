@@ -1664,9 +1664,13 @@ inline bool packed_finite(const std::uint16_t* p, index_t n) {
 /// and their scores are never read. Else the task's own: keys that no row of
 /// the task sees are zeros, their data never loaded (a NaN or an Inf there,
 /// seen by rows of other tasks only, must not reach these rows' 0 · v).
+/// A measuring task (ws.measure) has not yet dropped the rows it will not
+/// write, so it packs as zeros the keys [u0, u1) that measure_keys found
+/// holding a NaN or an Inf: every row that sees one is NaN in the end, and
+/// the others' 0 · v stays exactly 0.
 template <class T, class S>
 void pack_tile_bf16(const Stored<S>& io, index_t b, index_t hk, index_t k0, index_t nc, index_t nr, index_t ncp,
-                    ForwardWorkspace<T>& ws) {
+                    ForwardWorkspace<T>& ws, index_t u0 = 0, index_t u1 = 0) {
   if constexpr (kBf16<T>) {
     const index_t D = io.key.dim, Dv = io.value.dim;
     bool cached = false;
@@ -1699,6 +1703,9 @@ void pack_tile_bf16(const Stored<S>& io, index_t b, index_t hk, index_t k0, inde
       std::fill(ws.cover.begin(), ws.cover.begin() + nc + 1, 0);
       add_cover(ws.range.data(), nr, k0, nc, ws.cover.data());
       seen_from_cover(ws.cover.data(), nc, ws.seen.data());
+      if (ws.measure)
+        for (index_t j = u0; j < u1; ++j)
+          if (ws.tile_keys[std::size_t(j - u0)].bad) ws.seen[std::size_t(j - k0)] = 0;
       bf16::pack_keys(io.key.row(b, hk, k0), io.key.stride_seq, nc, D, ws.Dp, ws.seen.data(), ncp / bf16::kCols,
                       ws.kp.data());
       ws.vsteps = round_up(nc, bf16::kStep) / bf16::kStep;
@@ -1915,15 +1922,17 @@ void measure_keys(const Stored<S>& io, index_t b, index_t hk, index_t k0, index_
 /// Whether measured row (b, h, i) is the tiled kernel's (ws.measure): its
 /// state from the keys it saw (row_state, as row_eligibility would have
 /// given it), left in ok; a row outside the subset or seeing no key stays.
+/// unit: the task's products ran on a bfloat16 unit (row_state's
+/// unscaled_scores: the unit's q·k and its flushes are checked too).
 template <class T, class S>
 bool measured_row_tiled(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, index_t h, index_t i,
-                        double scale, const KeysSeen<BoundType<T>>& seen, char* ok) {
+                        double scale, const KeysSeen<BoundType<T>>& seen, char* ok, bool unit) {
   const index_t Hq = a.query.heads, Lq = a.query.seq;
   char& state = ok[std::size_t((b * Hq + h) * Lq + i)];
   const KeyRange rg = visible_range(a.visibility, b, i, Lq, a.key.seq);
   if (state != kTiled || rg.empty()) return state == kTiled;
   state = row_state<T>(io.query, a.value.dim, nullptr, a.temperature, scale, b, h, i, Hq / a.key.heads, rg, seen,
-                       false);
+                       unit);
   return state == kTiled;
 }
 
@@ -2050,7 +2059,7 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
         // (a bfloat16 unit: K and V packed, keys no row of the task sees as zeros).
         ncp = std::min(round_up(nc, kPad<T>), kBc);
         if (ws.on_unit())
-          pack_tile_bf16(io, b, hk, k0, nc, nr, ncp, ws);
+          pack_tile_bf16(io, b, hk, k0, nc, nr, ncp, ws, u0, u1);
         else
           pack_tile(io, b, hk, k0, nc, !few_rows, ws);
         packed = true;
@@ -2187,7 +2196,8 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
       // move_reference's terms) only in a tile the row sees, before that
       // tile's pass, so O here holds the unit's own flushed outputs (normal
       // numbers or zeros), which x + 0 · v keeps (the packed values are
-      // finite: row_eligibility); only a zero's sign can change, and
+      // finite: row_eligibility, or in a measuring task pack_tile_bf16's
+      // zeros for the keys measure_keys found non-finite); only a zero's sign can change, and
       // write_row writes either zero as +0.
       if (ws.on_unit())
         accumulate_bf16(r0, std::min(r1, nr_tiles), nr, n_cols / bf16::kStep, ws);
@@ -2221,7 +2231,7 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
       if (seen) seen[r] = ws.keys_seen[std::size_t(r)];
     } else {
       const index_t h = h0 + r / ni, i = i0 + r % ni;
-      if (ws.measure && !measured_row_tiled(a, io, b, h, i, scale, ws.keys_seen[std::size_t(r)], ok)) continue;
+      if (ws.measure && !measured_row_tiled(a, io, b, h, i, scale, ws.keys_seen[std::size_t(r)], ok, ws.on_unit())) continue;
       write_row<T, Stencil>(a, io, b, h, i, r, ws);
     }
   }
@@ -2243,7 +2253,7 @@ void finish_split(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, index
     if (ws.measure) {
       KeysSeen<BoundType<T>> all;
       for (index_t c = 0; c < chunks; ++c) all.take(seen[c * nr + r]);
-      if (!measured_row_tiled(a, io, b, h, i, scale, all, ok)) continue;
+      if (!measured_row_tiled(a, io, b, h, i, scale, all, ok, ws.on_unit())) continue;
     }
     ws.range[r] = row_range(a.visibility, b, i, Lq, Lk);
     if (ok && ok[(b * Hq + h) * Lq + i] != kTiled) ws.range[r] = {0, 0};
@@ -2335,8 +2345,7 @@ void forward_tiled(const ForwardArgs<T>& a, const Stored<S>& io, double scale, c
   // measures its rows' eligibility where it reads its key tiles
   // (measure_keys), instead of in a pass of its own over the KV cache
   // (row_eligibility): the same states, so the same bits.
-  const bool measure = nqb == 1 && task_rows <= kMeasureRows && unit == bf16::Unit::none && !stats && !a.probs &&
-                       !a.cell_mass;
+  const bool measure = nqb == 1 && task_rows <= kMeasureRows && !stats && !a.probs && !a.cell_mass;
   index_t rejected = 0;
   if (measure)
     init_row_states(ok, B * Hq * Lq, subset);
