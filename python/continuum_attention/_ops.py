@@ -1,5 +1,5 @@
-"""The operator: schema and kernels in C++ (src/ops.cpp, TORCH_LIBRARY
-namespace ``continuum``), fake kernels and autograd registered here."""
+"""The operator: schema, kernels and autograd in C++ (src/ops.cpp,
+TORCH_LIBRARY namespace ``continuum``), fake kernels registered here."""
 from __future__ import annotations
 
 import numbers
@@ -108,47 +108,9 @@ def _backward_fake(grad_out, query, key, value, out, lse, row_stats, row_ref, ke
             dt)
 
 
-# --------------------------------------------------------------------------
-# Autograd: the C++ analytic backward (MATH.md §6), not autograd through Python.
-# --------------------------------------------------------------------------
-def _setup_context(ctx, inputs, output):
-    # PyTorch fills in the schema defaults (compute="default") before calling this.
-    (query, key, value, kernel, causal, window_left, window_right, range_lo, range_hi,
-     temperature, temperature_value, scale, compute, _) = inputs
-    out, lse, stats, ref = output
-    # stats, ref: the CPU forward's row statistics (docs/MATH.md §6), which
-    # spare the backward a forward of its own.
-    ctx.save_for_backward(query, key, value, out, lse, stats, ref, range_lo, range_hi, temperature)
-    # The backward runs with the forward's compute (the same kernels, the same arithmetic).
-    ctx.options = (kernel, causal, window_left, window_right, temperature_value, scale, compute)
-    # lse is returned for inspection and for the CUDA backward; the library has
-    # no gradient for it (use `out`).
-    ctx.mark_non_differentiable(lse, stats, ref)
-
-
-def _backward(ctx, grad_out, grad_lse, grad_stats, grad_ref):
-    query, key, value, out, lse, stats, ref, range_lo, range_hi, temperature = ctx.saved_tensors
-    kernel, causal, window_left, window_right, temperature_value, scale, compute = ctx.options
-    if grad_out is None:
-        grad_out = torch.zeros_like(out)
-    dq, dk, dv, dt = torch.ops.continuum.backward(
-        grad_out, query, key, value, out, lse, stats, ref, kernel, causal, window_left,
-        window_right, range_lo, range_hi, temperature, temperature_value, scale, compute)
-    return (dq, dk, dv, None, None, None, None, None, None,
-            dt if temperature is not None else None, None, None, None, None)
-
-
-torch.library.register_autograd("continuum::forward", _backward, setup_context=_setup_context)
-
-
-def _no_double_backward(ctx, *grads):
-    raise RuntimeError("continuum_attention: the gradient of the backward (double backward, "
-                       "create_graph=True then backward again) is not implemented")
-
-
-# Without this, PyTorch would backpropagate through continuum::backward as if it
-# were constant (a deprecated fallback that gives wrong second derivatives).
-torch.library.register_autograd("continuum::backward", _no_double_backward)
+# Autograd is registered in C++ (src/ops.cpp, at the Autograd key): the
+# library's analytic backward (MATH.md §6) as forward's gradient, with the
+# forward's row statistics; lse has none; a double backward raises.
 
 
 # --------------------------------------------------------------------------

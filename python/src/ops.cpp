@@ -7,9 +7,9 @@
 //   continuum::backward -> (dq, dk, dv, dtemperature)
 // and their CPU kernels, which call continuum::attention_forward /
 // attention_backward on strided views of the tensors' own memory (no copies
-// of query/key/value; only the last axis must be contiguous). The Python
-// package (continuum_attention/_ops.py) adds the fake (meta) kernels and ties
-// backward to forward with torch.library.register_autograd.
+// of query/key/value; only the last axis must be contiguous), and their
+// autograd (below: backward is forward's gradient, in C++). The Python
+// package (continuum_attention/_ops.py) adds the fake (meta) kernels.
 //
 // Both take a trailing `str compute="default"` (a schema default: callers that
 // stop after `scale` keep working): "default" computes in the storage type's
@@ -26,8 +26,11 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include <continuum/continuum.hpp>
@@ -481,6 +484,142 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> backward_cuda(
 }
 #endif  // CONTINUUM_ATTENTION_WITH_CUDA
 
+// ---------------------------------------------------------------------------
+// Autograd: the library's analytic backward (MATH.md §6) as the forward's
+// gradient, at the Autograd dispatch key, in C++. Each function calls its
+// operator again below autograd (the CPU or CUDA kernel, or under
+// torch.compile the fake one), so the same registration serves every device
+// and tracing. (With torch.library.register_autograd in Python, a
+// differentiable call spent about 50 µs in PyTorch's wrapper alone, filling in
+// the schema's defaults argument by argument: docs/PERFORMANCE.md.)
+// ---------------------------------------------------------------------------
+using Four = std::tuple<Tensor, Tensor, Tensor, Tensor>;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+Four forward_below_autograd(const Tensor& query, const Tensor& key, const Tensor& value, c10::string_view kernel,
+                            bool causal, int64_t window_left, int64_t window_right,
+                            const std::optional<Tensor>& range_lo, const std::optional<Tensor>& range_hi,
+                            const std::optional<Tensor>& temperature, double temperature_value,
+                            std::optional<double> scale, c10::string_view compute, bool row_stats) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("continuum::forward", "")
+          .typed<Four(const Tensor&, const Tensor&, const Tensor&, c10::string_view, bool, int64_t, int64_t,
+                      const std::optional<Tensor>&, const std::optional<Tensor>&, const std::optional<Tensor>&,
+                      double, std::optional<double>, c10::string_view, bool)>();
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.call(query, key, value, kernel, causal, window_left, window_right, range_lo, range_hi, temperature,
+                 temperature_value, scale, compute, row_stats);
+}
+
+Four backward_below_autograd(const Tensor& grad_out, const Tensor& query, const Tensor& key, const Tensor& value,
+                             const Tensor& out, const Tensor& lse, const Tensor& row_stats, const Tensor& row_ref,
+                             c10::string_view kernel, bool causal, int64_t window_left, int64_t window_right,
+                             const std::optional<Tensor>& range_lo, const std::optional<Tensor>& range_hi,
+                             const std::optional<Tensor>& temperature, double temperature_value,
+                             std::optional<double> scale, c10::string_view compute) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("continuum::backward", "")
+          .typed<Four(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                      const Tensor&, const Tensor&, c10::string_view, bool, int64_t, int64_t,
+                      const std::optional<Tensor>&, const std::optional<Tensor>&, const std::optional<Tensor>&,
+                      double, std::optional<double>, c10::string_view)>();
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.call(grad_out, query, key, value, out, lse, row_stats, row_ref, kernel, causal, window_left,
+                 window_right, range_lo, range_hi, temperature, temperature_value, scale, compute);
+}
+
+std::optional<Tensor> present(const Tensor& t) { return t.defined() ? std::optional<Tensor>(t) : std::nullopt; }
+
+/// continuum::backward's gradient: not implemented (a double backward raises).
+struct BackwardFunction : torch::autograd::Function<BackwardFunction> {
+  static variable_list forward(AutogradContext*, const Tensor& grad_out, const Tensor& query, const Tensor& key,
+                               const Tensor& value, const Tensor& out, const Tensor& lse, const Tensor& row_stats,
+                               const Tensor& row_ref, c10::string_view kernel, bool causal, int64_t window_left,
+                               int64_t window_right, const std::optional<Tensor>& range_lo,
+                               const std::optional<Tensor>& range_hi, const std::optional<Tensor>& temperature,
+                               double temperature_value, std::optional<double> scale, c10::string_view compute) {
+    const auto [dq, dk, dv, dt] = backward_below_autograd(grad_out, query, key, value, out, lse, row_stats, row_ref,
+                                                          kernel, causal, window_left, window_right, range_lo,
+                                                          range_hi, temperature, temperature_value, scale, compute);
+    return {dq, dk, dv, dt};
+  }
+  static variable_list backward(AutogradContext*, variable_list) {
+    TORCH_CHECK(false, kWho, ": the gradient of the backward (double backward, create_graph=True then backward "
+                             "again) is not implemented");
+    return {};
+  }
+};
+
+Four backward_autograd(const Tensor& grad_out, const Tensor& query, const Tensor& key, const Tensor& value,
+                       const Tensor& out, const Tensor& lse, const Tensor& row_stats, const Tensor& row_ref,
+                       c10::string_view kernel, bool causal, int64_t window_left, int64_t window_right,
+                       const std::optional<Tensor>& range_lo, const std::optional<Tensor>& range_hi,
+                       const std::optional<Tensor>& temperature, double temperature_value,
+                       std::optional<double> scale, c10::string_view compute) {
+  const variable_list r =
+      BackwardFunction::apply(grad_out, query, key, value, out, lse, row_stats, row_ref, kernel, causal, window_left,
+                              window_right, range_lo, range_hi, temperature, temperature_value, scale, compute);
+  return {r[0], r[1], r[2], r[3]};
+}
+
+/// continuum::forward's gradient: continuum::backward with the forward's
+/// options, its row statistics (the CPU forward's, when asked for) and, for a
+/// tensor temperature, dτ. lse and the statistics have none.
+struct ForwardFunction : torch::autograd::Function<ForwardFunction> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& query, const Tensor& key, const Tensor& value,
+                               c10::string_view kernel, bool causal, int64_t window_left, int64_t window_right,
+                               const std::optional<Tensor>& range_lo, const std::optional<Tensor>& range_hi,
+                               const std::optional<Tensor>& temperature, double temperature_value,
+                               std::optional<double> scale, c10::string_view compute, bool row_stats) {
+    const auto [out, lse, stats, ref] =
+        forward_below_autograd(query, key, value, kernel, causal, window_left, window_right, range_lo, range_hi,
+                               temperature, temperature_value, scale, compute, row_stats);
+    ctx->save_for_backward({query, key, value, out, lse, stats, ref, range_lo.value_or(Tensor()),
+                            range_hi.value_or(Tensor()), temperature.value_or(Tensor())});
+    // The backward runs with the forward's compute (the same kernels, the same arithmetic).
+    ctx->saved_data["kernel"] = std::string(kernel.data(), kernel.size());
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["window_left"] = window_left;
+    ctx->saved_data["window_right"] = window_right;
+    ctx->saved_data["temperature_value"] = temperature_value;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["compute"] = std::string(compute.data(), compute.size());
+    ctx->mark_non_differentiable({lse, stats, ref});
+    return {out, lse, stats, ref};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();
+    const Tensor& out = s[3];
+    const Tensor grad_out = grads[0].defined() ? grads[0] : at::zeros_like(out);
+    const std::string kernel = ctx->saved_data["kernel"].toStringRef();
+    const std::string compute = ctx->saved_data["compute"].toStringRef();
+    const c10::IValue& scale = ctx->saved_data["scale"];
+    const Four r = backward_autograd(
+        grad_out, s[0], s[1], s[2], out, s[4], s[5], s[6], kernel, ctx->saved_data["causal"].toBool(),
+        ctx->saved_data["window_left"].toInt(), ctx->saved_data["window_right"].toInt(), present(s[7]),
+        present(s[8]), present(s[9]), ctx->saved_data["temperature_value"].toDouble(),
+        scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()), compute);
+    // One gradient per forward argument: query, key, value, then the options
+    // (none), the temperature tensor's dτ.
+    return {std::get<0>(r), std::get<1>(r), std::get<2>(r), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(),
+            Tensor(), s[9].defined() ? std::get<3>(r) : Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+};
+
+Four forward_autograd(const Tensor& query, const Tensor& key, const Tensor& value, c10::string_view kernel,
+                      bool causal, int64_t window_left, int64_t window_right, const std::optional<Tensor>& range_lo,
+                      const std::optional<Tensor>& range_hi, const std::optional<Tensor>& temperature,
+                      double temperature_value, std::optional<double> scale, c10::string_view compute,
+                      bool row_stats) {
+  const variable_list r = ForwardFunction::apply(query, key, value, kernel, causal, window_left, window_right,
+                                                 range_lo, range_hi, temperature, temperature_value, scale, compute,
+                                                 row_stats);
+  return {r[0], r[1], r[2], r[3]};
+}
+
 }  // namespace
 }  // namespace continuum_torch
 
@@ -495,6 +634,11 @@ TORCH_LIBRARY(continuum, m) {
       "Tensor row_stats, Tensor row_ref, str kernel, bool causal, int window_left, int window_right, Tensor? range_lo, "
       "Tensor? range_hi, Tensor? temperature, float temperature_value, float? scale, "
       "str compute=\"default\") -> (Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(continuum, Autograd, m) {
+  m.impl("forward", &continuum_torch::forward_autograd);
+  m.impl("backward", &continuum_torch::backward_autograd);
 }
 
 TORCH_LIBRARY_IMPL(continuum, CPU, m) {
