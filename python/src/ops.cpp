@@ -559,6 +559,10 @@ Four backward_autograd(const Tensor& grad_out, const Tensor& query, const Tensor
                        const std::optional<Tensor>& range_lo, const std::optional<Tensor>& range_hi,
                        const std::optional<Tensor>& temperature, double temperature_value,
                        std::optional<double> scale, c10::string_view compute) {
+  if (!at::GradMode::is_enabled())  // (a backward pass, unless create_graph=True)
+    return backward_below_autograd(grad_out, query, key, value, out, lse, row_stats, row_ref, kernel, causal,
+                                   window_left, window_right, range_lo, range_hi, temperature, temperature_value,
+                                   scale, compute);
   const variable_list r =
       BackwardFunction::apply(grad_out, query, key, value, out, lse, row_stats, row_ref, kernel, causal, window_left,
                               window_right, range_lo, range_hi, temperature, temperature_value, scale, compute);
@@ -614,6 +618,14 @@ Four forward_autograd(const Tensor& query, const Tensor& key, const Tensor& valu
                       const std::optional<Tensor>& range_hi, const std::optional<Tensor>& temperature,
                       double temperature_value, std::optional<double> scale, c10::string_view compute,
                       bool row_stats) {
+  // Without a gradient to record (torch.no_grad(), or no input that requires
+  // one), the operator below autograd: the same outputs, none of them with a
+  // gradient function.
+  const auto wants = [](const Tensor& t) { return t.requires_grad(); };
+  if (!at::GradMode::is_enabled() ||
+      !(wants(query) || wants(key) || wants(value) || (temperature.has_value() && wants(*temperature))))
+    return forward_below_autograd(query, key, value, kernel, causal, window_left, window_right, range_lo, range_hi,
+                                  temperature, temperature_value, scale, compute, row_stats);
   const variable_list r = ForwardFunction::apply(query, key, value, kernel, causal, window_left, window_right,
                                                  range_lo, range_hi, temperature, temperature_value, scale, compute,
                                                  row_stats);
