@@ -2231,7 +2231,9 @@ void forward_block(const ForwardArgs<T>& a, const Stored<S>& io, index_t b, inde
       if (seen) seen[r] = ws.keys_seen[std::size_t(r)];
     } else {
       const index_t h = h0 + r / ni, i = i0 + r % ni;
-      if (ws.measure && !measured_row_tiled(a, io, b, h, i, scale, ws.keys_seen[std::size_t(r)], ok, ws.on_unit())) continue;
+      if (ws.measure &&
+          !measured_row_tiled(a, io, b, h, i, scale, ws.keys_seen[std::size_t(r)], ok, ws.on_unit()))
+        continue;
       write_row<T, Stencil>(a, io, b, h, i, r, ws);
     }
   }
