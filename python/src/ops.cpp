@@ -591,13 +591,17 @@ struct ForwardFunction : torch::autograd::Function<ForwardFunction> {
     ctx->saved_data["temperature_value"] = temperature_value;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["compute"] = std::string(compute.data(), compute.size());
-    ctx->mark_non_differentiable({lse, stats, ref});
+    // lse and the statistics have no gradient: forward_autograd detaches them
+    // (mark_non_differentiable would be the same, but compiled autograd
+    // asserts that a C++ function marks nothing), so only out's gradient
+    // comes back, and nothing is filled with zeros for the others.
+    ctx->set_materialize_grads(false);
     return {out, lse, stats, ref};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list s = ctx->get_saved_variables();
     const Tensor& out = s[3];
-    const Tensor grad_out = grads[0].defined() ? grads[0] : at::zeros_like(out);
+    const Tensor grad_out = grads[0].defined() ? grads[0] : at::zeros_like(out);  // (grads not materialized)
     const std::string kernel = ctx->saved_data["kernel"].toStringRef();
     const std::string compute = ctx->saved_data["compute"].toStringRef();
     const c10::IValue& scale = ctx->saved_data["scale"];
@@ -629,7 +633,7 @@ Four forward_autograd(const Tensor& query, const Tensor& key, const Tensor& valu
   const variable_list r = ForwardFunction::apply(query, key, value, kernel, causal, window_left, window_right,
                                                  range_lo, range_hi, temperature, temperature_value, scale, compute,
                                                  row_stats);
-  return {r[0], r[1], r[2], r[3]};
+  return {r[0], r[1].detach(), r[2].detach(), r[3].detach()};
 }
 
 }  // namespace

@@ -37,3 +37,27 @@ def test_compile_fullgraph_matches_eager():
     assert torch.allclose(out, eager, rtol=0, atol=1e-13)
     for a, b in zip(g_comp, g_eager):
         assert torch.allclose(a, b, rtol=0, atol=1e-12)
+
+
+def test_compiled_autograd_of_an_eager_forward():
+    """Compiled autograd (the backward graph compiled at .backward()) of a
+    forward that ran eagerly, with a tensor temperature: the gradients are
+    eager's, bit for bit. (The operator's C++ autograd function must mark no
+    output non-differentiable: compiled autograd asserts that of C++ functions.)"""
+    gen = torch.Generator().manual_seed(7)
+    q, k, v, do = (uniform(1, 2, 6, 4, gen=gen) for _ in range(4))
+    t = torch.tensor([0.7, 1.3], dtype=torch.float64)
+
+    def grads(compiled):
+        torch._dynamo.reset()
+        qq, tt = q.clone().requires_grad_(), t.clone().requires_grad_()
+        out = ca.attention(qq, k, v, causal=True, temperature=tt)
+        if compiled:
+            with torch._dynamo.compiled_autograd._enable(torch.compile(backend="aot_eager")):
+                out.backward(do)
+        else:
+            out.backward(do)
+        return qq.grad, tt.grad
+
+    for a, b in zip(grads(True), grads(False)):
+        assert torch.equal(a, b)
