@@ -247,14 +247,20 @@ def attention(
             non-bool ``causal``, a ``window`` that is not two ints, a
             non-number ``scale`` or ``temperature``, a non-string ``compute``.
         NotImplementedError: a device without a kernel (CUDA unless built with
-            CONTINUUM_ATTENTION_CUDA=ON).
+            CONTINUUM_ATTENTION_CUDA=ON); forward-mode automatic
+            differentiation (``torch.func.jvp``, ``jacfwd``, dual tensors of
+            ``torch.autograd.forward_ad``): no tangent rule is derived.
 
     Notes:
         Deterministic: results are bitwise independent of
         ``torch.get_num_threads()``. Inputs are never written. An ordinary
         differentiable operator: tested under torch.compile (fullgraph) and
-        DDP; FSDP should need nothing more but was not tested here. Differentiable once (the
-        backward itself has no gradient: no create_graph / double backward).
+        DDP; FSDP should need nothing more but was not tested here. Differentiable once, in
+        reverse mode (the backward itself has no gradient: no create_graph /
+        double backward; no forward mode). ``torch.func.grad`` / ``vjp`` /
+        ``jacrev`` are refused by PyTorch itself (a C++ autograd function);
+        ``torch.autograd.grad`` and ``torch.autograd.functional.jacobian``
+        work.
         Cost O(B·Hq·Lq·Lk·(D + Dv)); memory O(B·Hq·Lq) besides the output.
         When a gradient will be taken (grad mode on and an input requiring
         grad), the CPU forward also keeps its row statistics for the

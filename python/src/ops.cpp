@@ -531,6 +531,18 @@ Four backward_below_autograd(const Tensor& grad_out, const Tensor& query, const 
                  window_right, range_lo, range_hi, temperature, temperature_value, scale, compute);
 }
 
+// Forward-mode AD (torch.func.jvp / jacfwd, torch.autograd.forward_ad's dual
+// tensors) has no rule here: the operator's tangent (a JVP) is not derived
+// (MATH.md §6 gives the backward only). Without this check a dual input's
+// tangent would be dropped and jacfwd would return zeros without a word.
+void reject_forward_ad(const char* op, std::initializer_list<Tensor> inputs) {
+  for (const Tensor& t : inputs)
+    TORCH_CHECK_NOT_IMPLEMENTED(!t.defined() || !t._fw_grad(/*level=*/0).defined(), kWho, ": forward-mode automatic "
+                                "differentiation (torch.func.jvp, jacfwd, torch.autograd.forward_ad) of continuum::",
+                                op, " is not implemented; use reverse mode (backward(), torch.autograd.grad, "
+                                "torch.autograd.functional.jacobian)");
+}
+
 std::optional<Tensor> present(const Tensor& t) { return t.defined() ? std::optional<Tensor>(t) : std::nullopt; }
 
 /// continuum::backward's gradient: not implemented (a double backward raises).
@@ -559,6 +571,7 @@ Four backward_autograd(const Tensor& grad_out, const Tensor& query, const Tensor
                        const std::optional<Tensor>& range_lo, const std::optional<Tensor>& range_hi,
                        const std::optional<Tensor>& temperature, double temperature_value,
                        std::optional<double> scale, c10::string_view compute) {
+  reject_forward_ad("backward", {grad_out, query, key, value, temperature.value_or(Tensor())});
   if (!at::GradMode::is_enabled())  // (a backward pass, unless create_graph=True)
     return backward_below_autograd(grad_out, query, key, value, out, lse, row_stats, row_ref, kernel, causal,
                                    window_left, window_right, range_lo, range_hi, temperature, temperature_value,
@@ -622,6 +635,7 @@ Four forward_autograd(const Tensor& query, const Tensor& key, const Tensor& valu
                       const std::optional<Tensor>& range_hi, const std::optional<Tensor>& temperature,
                       double temperature_value, std::optional<double> scale, c10::string_view compute,
                       bool row_stats) {
+  reject_forward_ad("forward", {query, key, value, temperature.value_or(Tensor())});
   // Without a gradient to record (torch.no_grad(), or no input that requires
   // one), the operator below autograd: the same outputs, none of them with a
   // gradient function.

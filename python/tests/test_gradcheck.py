@@ -68,3 +68,27 @@ def test_double_backward_raises():
     g, = torch.autograd.grad(ca.attention(q, q, q).sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="double backward.*not implemented"):
         g.sum().backward()
+
+
+@pytest.mark.parametrize("mode", ["jvp", "jacfwd", "dual_query", "dual_value", "dual_temperature"])
+def test_forward_mode_ad_raises(mode):
+    """No forward-mode rule is derived (MATH.md §6 gives the backward only), so
+    a tangent must raise, not be dropped: before the check, jacfwd returned an
+    all-zero Jacobian and a dual input's output had no tangent."""
+    import torch.autograd.forward_ad as fwAD
+    q, k, v = (uniform(1, 1, 4, 3) for _ in range(3))
+    t = torch.tensor(0.6, dtype=torch.float64)
+    with pytest.raises(NotImplementedError, match="forward-mode automatic differentiation.*not implemented"):
+        if mode == "jvp":
+            torch.func.jvp(lambda q: ca.attention(q, k, v), (q,), (torch.ones_like(q),))
+        elif mode == "jacfwd":
+            torch.func.jacfwd(lambda v: ca.attention(q, k, v, causal=True))(v)
+        else:
+            with fwAD.dual_level():
+                if mode == "dual_query":
+                    q = fwAD.make_dual(q, torch.randn_like(q))
+                elif mode == "dual_value":
+                    v = fwAD.make_dual(v, torch.randn_like(v))
+                else:
+                    t = fwAD.make_dual(t, torch.ones_like(t))
+                ca.attention(q, k, v, temperature=t)
