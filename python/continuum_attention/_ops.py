@@ -116,31 +116,48 @@ def _backward_fake(grad_out, query, key, value, out, lse, row_stats, row_ref, ke
 # --------------------------------------------------------------------------
 # Public entry point.
 # --------------------------------------------------------------------------
+_CPU_DTYPES = frozenset((torch.float32, torch.float64, torch.bfloat16, torch.float16))
+_CUDA_DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
+
+
 def _check_inputs(query, key, value):
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"continuum_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"continuum_attention: {name} must be 4-D [batch, heads, seq, dim], "
-                             f"got shape {tuple(t.shape)}")
+    """TypeError / ValueError / NotImplementedError for query, key and value
+    that the operators would refuse (the same checks as src/ops.cpp's, with
+    torch's dtype names, and before a torch.compile trace reaches the fake
+    kernel). Each test is one cheap comparison on the usual path; the messages
+    are formed only when one fails (the wrapper's checks were about 18 µs of a
+    40 µs call: docs/PERFORMANCE.md)."""
+    if not (isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
+            and isinstance(value, torch.Tensor)):
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"continuum_attention: {name} must be a torch.Tensor, "
+                                f"got {type(t).__name__}")
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if t.dim() != 4:
+                raise ValueError(f"continuum_attention: {name} must be 4-D [batch, heads, seq, "
+                                 f"dim], got shape {tuple(t.shape)}")
+    device, dtype = query.device, query.dtype
     for name, t in (("key", key), ("value", value)):
-        if t.device != query.device:
+        if t.device != device:
             raise ValueError(f"continuum_attention: {name} is on {t.device} but query is on "
-                             f"{query.device} (all tensors must be on one device)")
-        if t.dtype != query.dtype:
+                             f"{device} (all tensors must be on one device)")
+        if t.dtype != dtype:
             raise ValueError(f"continuum_attention: {name} has dtype {t.dtype} but query has "
-                             f"{query.dtype} (query, key and value share one dtype)")
-    if query.device.type == "cpu" and query.dtype not in supported_dtypes("cpu"):
-        raise ValueError(f"continuum_attention: the CPU backend supports float32, float64, "
-                         f"bfloat16 and float16, got {query.dtype}")
-    if query.device.type == "cuda":
+                             f"{dtype} (query, key and value share one dtype)")
+    if device.type == "cpu":
+        if dtype not in _CPU_DTYPES:
+            raise ValueError(f"continuum_attention: the CPU backend supports float32, float64, "
+                             f"bfloat16 and float16, got {dtype}")
+    elif device.type == "cuda":
         if not WITH_CUDA:
             raise NotImplementedError(
                 "continuum_attention: this build has no CUDA kernels; rebuild with "
                 "pip install --no-build-isolation ./python -C cmake.define.CONTINUUM_ATTENTION_CUDA=ON")
-        if query.dtype not in supported_dtypes("cuda"):
+        if dtype not in _CUDA_DTYPES:
             raise ValueError(f"continuum_attention: the CUDA backend supports float32, float16 and "
-                             f"bfloat16, got {query.dtype}")
+                             f"bfloat16, got {dtype}")
 
 
 def _check_compute(compute, query):
@@ -304,12 +321,15 @@ def attention(
         raise ValueError(f"continuum_attention: kernel must be one of {_KERNELS}, got {kernel!r}")
     if not isinstance(causal, bool):
         raise TypeError(f"continuum_attention: causal must be a bool, got {type(causal).__name__}")
-    if not (isinstance(window, (tuple, list)) and len(window) == 2
-            and all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window)):
-        raise TypeError(f"continuum_attention: window must be a pair of ints (left, right), "
-                        f"got {window!r}")
-    window_left, window_right = (int(w) for w in window)
-    if not all(-2**63 <= w < 2**63 for w in (window_left, window_right)):
+    if type(window) is tuple and len(window) == 2 and type(window[0]) is int and type(window[1]) is int:
+        window_left, window_right = window  # (the usual case, without the ABC checks below)
+    else:
+        if not (isinstance(window, (tuple, list)) and len(window) == 2
+                and all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window)):
+            raise TypeError(f"continuum_attention: window must be a pair of ints (left, right), "
+                            f"got {window!r}")
+        window_left, window_right = (int(w) for w in window)
+    if not (-2**63 <= window_left < 2**63 and -2**63 <= window_right < 2**63):
         raise ValueError(f"continuum_attention: window bounds must fit in 64 bits (a negative "
                          f"bound is unlimited), got {window!r}")
     range_lo = range_hi = None
@@ -319,22 +339,25 @@ def attention(
             raise TypeError("continuum_attention: ranges must be a pair (lo, hi) of integer "
                             "tensors [B, Lq]")
         range_lo, range_hi = ranges
-    if isinstance(temperature, torch.Tensor):
+    if type(temperature) is float:
+        temp_tensor, temp_value = None, temperature
+    elif isinstance(temperature, torch.Tensor):
         temp_tensor, temp_value = temperature, 1.0
     elif isinstance(temperature, numbers.Real) and not isinstance(temperature, bool):
         temp_tensor, temp_value = None, float(temperature)
     else:
         raise TypeError(f"continuum_attention: temperature must be a number or a tensor, "
                         f"got {type(temperature).__name__}")
-    if scale is not None:
+    if scale is not None and type(scale) is not float:
         if not isinstance(scale, numbers.Real) or isinstance(scale, bool):
             raise TypeError(f"continuum_attention: scale must be None or a number, "
                             f"got {type(scale).__name__}")
         scale = float(scale)
     compute = _check_compute(compute, query)
     # The row statistics for the backward: only where a gradient will be asked for.
-    wants_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (query, key, value, temp_tensor))
+    wants_grad = torch.is_grad_enabled() and (
+        query.requires_grad or key.requires_grad or value.requires_grad
+        or (temp_tensor is not None and temp_tensor.requires_grad))
     out, lse, _, _ = torch.ops.continuum.forward(
         query, key, value, kernel, causal, window_left, window_right, range_lo, range_hi,
         temp_tensor, temp_value, scale, compute, wants_grad)
