@@ -383,3 +383,13 @@ def test_corrupt_or_incomplete_checkpoint_is_a_one_line_error(tmp_path, checkpoi
         for path in (cases["half"], cases["missing"]):
             msg = cli_error(cli, cmd[0], "--checkpoint", str(path), *cmd[1:])
             assert f"error: {path}: " in msg
+
+
+def test_cpu_512_preset_keeps_the_cpu_budget():
+    """cpu-512 changes the context only: the same bytes per step and per run, the
+    same model and schedule, so its sweep is comparable with cpu's."""
+    a, b = preset("cpu"), preset("cpu-512").validate()
+    assert b.context == 512 and b.batch_size * b.context == a.batch_size * a.context
+    assert b.tokens_budget == a.tokens_budget
+    same = {k: v for k, v in a.to_dict().items() if k not in ("preset", "context", "batch_size")}
+    assert same == {k: v for k, v in b.to_dict().items() if k in same}
