@@ -261,8 +261,9 @@ def attention(
             on CUDA. Messages from the C++ library start
             with "continuum::attention_forward:" and name the argument.
         TypeError: a non-tensor query/key/value, or a bad option type: a
-            non-bool ``causal``, a ``window`` that is not two ints, a
-            non-number ``scale`` or ``temperature``, a non-string ``compute``.
+            non-bool ``causal``, a ``window`` that is not two ints, ``ranges``
+            that are not two tensors, a non-number ``scale`` or
+            ``temperature``, a non-string ``compute``.
         NotImplementedError: a device without a kernel (CUDA unless built with
             CONTINUUM_ATTENTION_CUDA=ON); forward-mode automatic
             differentiation (``torch.func.jvp``, ``jacfwd``, dual tensors of

@@ -77,7 +77,8 @@ continuum::Kernel parse_kernel(std::string_view name) {
 /// The `compute` argument of both operators: the library's Compute
 /// (include/continuum/attention/params.hpp). "default" is the storage type's
 /// own precision (float32 storage computes in float, float64 in double);
-/// "float32" asks for float arithmetic (float32 storage only on the CPU);
+/// "float32" asks for float arithmetic (float32, bfloat16 or float16 storage
+/// on the CPU; not float64 storage);
 /// "float64" for double arithmetic with each output rounded once (CPU only).
 /// On CUDA (float accumulation always) it validates only.
 continuum::Compute parse_compute(std::string_view compute, at::ScalarType st, bool cuda) {

@@ -5,7 +5,7 @@ storage in float, float64 storage in double (the library's Compute; the same
 tiled kernels either way). compute="float64" computes in double for float32
 storage too (the forward's outputs rounded once each, the gradients within
 about one rounding of their largest element);
-compute="float32" is float arithmetic (float32 storage only). The backward
+compute="float32" is float arithmetic (float32, bfloat16 or float16 storage). The backward
 runs with its forward's compute.
 
 Bounds, relative to each tensor's max|ref| (ref: the float64 operator on the

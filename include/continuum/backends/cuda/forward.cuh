@@ -12,7 +12,7 @@
 // fp32 (shared memory), rescaling by e^{m_old - m_new} as the maximum grows.
 // Every sum over keys is blocked: a tile's bn terms are summed on their own and
 // the tile's sum is added to the running total once, so a row of n keys adds
-// rounding of order (bn + n/bn)·u, not n·u (CUDA.md, "Accuracy").
+// rounding of order (bn + n/bn)·u, not n·u (CUDA.md, "Accuracy of long rows").
 // At the end o /= l and lse = m + log l; empty rows give o = 0, lse = -inf.
 //
 // Scores are s = (c q)·k with c = scale/τ folded into q first, so a q·k that
