@@ -128,13 +128,12 @@ def _check_inputs(query, key, value):
     are formed only when one fails (the wrapper's checks were about 18 µs of a
     40 µs call: docs/PERFORMANCE.md)."""
     if not (isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
-            and isinstance(value, torch.Tensor)):
-        for name, t in (("query", query), ("key", key), ("value", value)):
+            and isinstance(value, torch.Tensor)
+            and query.dim() == 4 and key.dim() == 4 and value.dim() == 4):
+        for name, t in (("query", query), ("key", key), ("value", value)):  # in order
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"continuum_attention: {name} must be a torch.Tensor, "
                                 f"got {type(t).__name__}")
-    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
-        for name, t in (("query", query), ("key", key), ("value", value)):
             if t.dim() != 4:
                 raise ValueError(f"continuum_attention: {name} must be 4-D [batch, heads, seq, "
                                  f"dim], got shape {tuple(t.shape)}")

@@ -572,7 +572,8 @@ Four backward_autograd(const Tensor& grad_out, const Tensor& query, const Tensor
                        const std::optional<Tensor>& range_lo, const std::optional<Tensor>& range_hi,
                        const std::optional<Tensor>& temperature, double temperature_value,
                        std::optional<double> scale, c10::string_view compute) {
-  reject_forward_ad("backward", {grad_out, query, key, value, temperature.value_or(Tensor())});
+  reject_forward_ad("backward", {grad_out, query, key, value, out, lse, row_stats, row_ref,
+                                 temperature.value_or(Tensor())});
   if (!at::GradMode::is_enabled())  // (a backward pass, unless create_graph=True)
     return backward_below_autograd(grad_out, query, key, value, out, lse, row_stats, row_ref, kernel, causal,
                                    window_left, window_right, range_lo, range_hi, temperature, temperature_value,

@@ -25,6 +25,9 @@ def raises(exc, match, fn):
 def test_wrong_rank():
     raises(ValueError, r"query must be 4-D", lambda q, k, v: ca.attention(q[0], k, v))
     raises(ValueError, r"value must be 4-D", lambda q, k, v: ca.attention(q, k, v[..., None]))
+    # the first bad argument is named, whatever is wrong with a later one
+    raises(ValueError, r"query must be 4-D", lambda q, k, v: ca.attention(q[0], None, v))
+    raises(TypeError, r"key must be a torch.Tensor", lambda q, k, v: ca.attention(q, [k], v[0]))
 
 
 def test_mismatched_heads():

@@ -70,7 +70,8 @@ def test_double_backward_raises():
         g.sum().backward()
 
 
-@pytest.mark.parametrize("mode", ["jvp", "jacfwd", "dual_query", "dual_value", "dual_temperature"])
+@pytest.mark.parametrize("mode", ["jvp", "jacfwd", "dual_query", "dual_value", "dual_temperature",
+                                  "backward_dual_out", "backward_dual_lse"])
 def test_forward_mode_ad_raises(mode):
     """No forward-mode rule is derived (MATH.md §6 gives the backward only), so
     a tangent must raise, not be dropped: before the check, jacfwd returned an
@@ -83,6 +84,17 @@ def test_forward_mode_ad_raises(mode):
             torch.func.jvp(lambda q: ca.attention(q, k, v), (q,), (torch.ones_like(q),))
         elif mode == "jacfwd":
             torch.func.jacfwd(lambda v: ca.attention(q, k, v, causal=True))(v)
+        elif mode.startswith("backward_"):  # the backward operator, called directly
+            out, lse, stats, ref = torch.ops.continuum.forward(q, k, v, "continuum", False, -1, -1, None, None,
+                                                               None, 1.0, None)
+            grad_out = torch.ones_like(out)
+            with torch.no_grad(), fwAD.dual_level():
+                if mode == "backward_dual_out":
+                    out = fwAD.make_dual(out, torch.ones_like(out))
+                else:
+                    lse = fwAD.make_dual(lse, torch.ones_like(lse))
+                torch.ops.continuum.backward(grad_out, q, k, v, out, lse, stats, ref, "continuum", False, -1, -1,
+                                             None, None, None, 1.0, None)
         else:
             with fwAD.dual_level():
                 if mode == "dual_query":
