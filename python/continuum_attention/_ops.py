@@ -14,6 +14,9 @@ _KERNELS = ("continuum", "softmax", "focal")
 _COMPUTES = (None, "default", "float32", "float64")
 
 
+_CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
 #: True when this build has the CUDA kernels (built when nvcc was present).
 WITH_CUDA = bool(_C.with_cuda)
 
@@ -65,9 +68,9 @@ def supported_dtypes(device: Union[str, torch.device] = "cpu") -> Tuple[torch.dt
     bfloat16; nothing elsewhere."""
     kind = torch.device(device).type
     if kind == "cpu":
-        return (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+        return _CPU_DTYPES
     if kind == "cuda" and WITH_CUDA:
-        return (torch.float32, torch.float16, torch.bfloat16)
+        return _CUDA_DTYPES
     return ()
 
 
@@ -116,10 +119,6 @@ def _backward_fake(grad_out, query, key, value, out, lse, row_stats, row_ref, ke
 # --------------------------------------------------------------------------
 # Public entry point.
 # --------------------------------------------------------------------------
-_CPU_DTYPES = frozenset((torch.float32, torch.float64, torch.bfloat16, torch.float16))
-_CUDA_DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
-
-
 def _check_inputs(query, key, value):
     """TypeError / ValueError / NotImplementedError for query, key and value
     that the operators would refuse (the same checks as src/ops.cpp's, with
