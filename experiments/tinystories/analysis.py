@@ -5,6 +5,12 @@ evaluation slice, per kernel mean +- sd over seeds, then the paired differences
 continuum - softmax and continuum - focal over the seeds both finished: mean,
 95 % confidence interval from Student's t (scipy.stats.t), seeds won (negative
 difference = continuum better), and each seed's difference.
+
+Where a kernel was run at more than one temperature in otherwise the same setting,
+compare also selects each kernel's temperature on the selection slice (the lowest
+mean NLL there) and gives the paired differences on the test slices between the
+kernels at their selected temperatures: the paper's "strongest selected softmax
+baseline" (docs/MATH.md §9).
 """
 from __future__ import annotations
 
@@ -46,6 +52,13 @@ def setting_of(cfg: dict) -> str:
             f"{cfg['steps']} steps x {cfg['batch_size']}")
 
 
+def group_of(cfg: dict) -> str:
+    """setting_of without the temperature: the runs among which a temperature is selected."""
+    learned = "learned" if cfg.get("learn_temperature") else "fixed"
+    return (f"{cfg['preset']}: {cfg['n_layer']}L d{cfg['d_model']} h{cfg['n_head']} "
+            f"ctx {cfg['context']}, {learned} tau, {cfg['steps']} steps x {cfg['batch_size']}")
+
+
 def paired(a: Dict[int, float], b: Dict[int, float]) -> dict:
     seeds = sorted(set(a) & set(b))
     d = np.array([a[s] - b[s] for s in seeds])
@@ -59,6 +72,20 @@ def paired(a: Dict[int, float], b: Dict[int, float]) -> dict:
     return res
 
 
+def slice_stats(runs: List[dict], sl: str) -> dict:
+    """One evaluation slice of runs (one per kernel and seed): per kernel mean ± sd over
+    its seeds, and the paired differences continuum − softmax and continuum − focal."""
+    per = {k: {r["seed"]: r["eval"][sl]["nats_per_byte"] for r in runs
+               if r["kernel"] == k and sl in r["eval"]} for k in KERNEL_ORDER}
+    kern = {k: {"n": len(v), "mean": float(np.mean(list(v.values()))),
+                "sd": float(np.std(list(v.values()), ddof=1)) if len(v) > 1 else None,
+                "per_seed": {str(s): x for s, x in sorted(v.items())}}
+            for k, v in per.items() if v}
+    diffs = {f"continuum - {o}": paired(per["continuum"], per[o])
+             for o in ("softmax", "focal") if per["continuum"] and per[o]}
+    return {"kernels": kern, "paired": diffs}
+
+
 def compare(dirs: List[str]) -> dict:
     by = defaultdict(list)
     for r in load_results(dirs):
@@ -66,17 +93,7 @@ def compare(dirs: List[str]) -> dict:
     table = {}
     for setting, runs in sorted(by.items()):
         slices = sorted({s for r in runs for s in r["eval"]}, key=lambda s: (s != runs[0]["select"], s))
-        entry = {"select": runs[0]["select"], "slices": {}}
-        for sl in slices:
-            per = {k: {r["seed"]: r["eval"][sl]["nats_per_byte"] for r in runs
-                       if r["kernel"] == k and sl in r["eval"]} for k in KERNEL_ORDER}
-            kern = {k: {"n": len(v), "mean": float(np.mean(list(v.values()))),
-                        "sd": float(np.std(list(v.values()), ddof=1)) if len(v) > 1 else None,
-                        "per_seed": {str(s): x for s, x in sorted(v.items())}}
-                    for k, v in per.items() if v}
-            diffs = {f"continuum - {o}": paired(per["continuum"], per[o])
-                     for o in ("softmax", "focal") if per["continuum"] and per[o]}
-            entry["slices"][sl] = {"kernels": kern, "paired": diffs}
+        entry = {"select": runs[0]["select"], "slices": {sl: slice_stats(runs, sl) for sl in slices}}
         tps = defaultdict(list)
         for r in runs:
             if r["time"].get("tokens_per_second"):
@@ -87,31 +104,92 @@ def compare(dirs: List[str]) -> dict:
     return table
 
 
+SELECTED = "selected temperatures: "  # key prefix of select_temperatures' entries in compare.json
+
+
+def select_temperatures(dirs: List[str]) -> dict:
+    """Each kernel at its selected temperature (docs/MATH.md §9, "the strongest selected
+    softmax baseline"), per group of runs that differ in nothing but the temperature and
+    where some kernel ran at two or more: a kernel's selected temperature has the lowest
+    mean NLL on the selection slice over the seeds that all its temperatures finished;
+    then, on every test slice, the kernels at their selected temperatures as in compare
+    (mean ± sd, paired differences). The selection slice's own differences are left out:
+    the choice was made on it, so they would favour the selected kernels.
+    Returns {SELECTED + group: {"select", "candidates": {kernel: {tau: {"n", "mean"}}},
+    "chosen": {kernel: tau}, "slices": {test slice: slice_stats}}}."""
+    by = defaultdict(list)
+    for r in load_results(dirs):
+        by[group_of(r["config"])].append(r)
+    out = {}
+    for group, runs in sorted(by.items()):
+        sel = runs[0]["select"]
+        taus = defaultdict(lambda: defaultdict(dict))  # kernel -> tau -> seed -> run
+        for r in runs:
+            taus[r["kernel"]][float(r["config"]["temperature"])][r["seed"]] = r
+        if all(len(t) < 2 for t in taus.values()):
+            continue
+        entry = {"select": sel, "candidates": {}, "chosen": {}, "slices": {}}
+        chosen_runs = []
+        for k in (k for k in KERNEL_ORDER if k in taus):
+            seeds = sorted(set.intersection(*(set(by_seed) for by_seed in taus[k].values())))
+            if not seeds:
+                raise ValueError(f"compare: {group}: no seed that every temperature of {k} finished")
+            means = {t: float(np.mean([taus[k][t][s]["eval"][sel]["nats_per_byte"] for s in seeds]))
+                     for t in sorted(taus[k])}
+            best = min(means, key=means.get)
+            entry["candidates"][k] = {f"{t:g}": {"n": len(seeds), "mean": m} for t, m in means.items()}
+            entry["chosen"][k] = f"{best:g}"
+            chosen_runs += taus[k][best].values()
+        tests = sorted({s for r in chosen_runs for s in r["eval"]} - {sel})
+        entry["slices"] = {sl: slice_stats(chosen_runs, sl) for sl in tests}
+        out[SELECTED + group] = entry
+    return out
+
+
+def format_slice(o: io.StringIO, sl: str, role: str, s: dict, tau: Dict[str, str] = None) -> None:
+    o.write(f"\n{sl}   [{role}]   mean NLL, nats/byte\n")
+    o.write("  kernel      seeds   mean ± sd\n")
+    for k, v in s["kernels"].items():
+        sd = f"{v['sd']:.4f}" if v["sd"] is not None else "  -   "
+        at = f"   (tau {tau[k]})" if tau else ""
+        o.write(f"  {k:<10} {v['n']:>5}   {v['mean']:.4f} ± {sd}{at}\n")
+    if s["paired"]:
+        o.write("  paired difference       mean     95% CI (t)            seeds won  per seed\n")
+    for name, p in s["paired"].items():
+        ci = (f"[{p['ci95'][0]:+.4f}, {p['ci95'][1]:+.4f}]" if "ci95" in p else " " * 18)
+        ps = " ".join(f"s{k}:{v:+.4f}" for k, v in p["per_seed"].items())
+        o.write(f"  {name:<20} {p['mean']:+.4f}   {ci}   {p['won']}/{p['n']}        {ps}\n")
+
+
 def format_table(table: dict) -> str:
     o = io.StringIO()
     for setting, e in table.items():
+        if setting.startswith(SELECTED):
+            continue
         o.write(f"## {setting}\n")
         for sl, s in e["slices"].items():
-            role = "selection slice (curves)" if sl == e["select"] else "test slice"
-            o.write(f"\n{sl}   [{role}]   mean NLL, nats/byte\n")
-            o.write("  kernel      seeds   mean ± sd\n")
-            for k, v in s["kernels"].items():
-                sd = f"{v['sd']:.4f}" if v["sd"] is not None else "  -   "
-                o.write(f"  {k:<10} {v['n']:>5}   {v['mean']:.4f} ± {sd}\n")
-            if s["paired"]:
-                o.write("  paired difference       mean     95% CI (t)            seeds won  per seed\n")
-            for name, p in s["paired"].items():
-                ci = (f"[{p['ci95'][0]:+.4f}, {p['ci95'][1]:+.4f}]" if "ci95" in p else " " * 18)
-                ps = " ".join(f"s{k}:{v:+.4f}" for k, v in p["per_seed"].items())
-                o.write(f"  {name:<20} {p['mean']:+.4f}   {ci}   {p['won']}/{p['n']}        {ps}\n")
+            format_slice(o, sl, "selection slice (curves)" if sl == e["select"] else "test slice", s)
         tps = ", ".join(f"{k} {v:,.0f}" for k, v in e["tokens_per_second"].items())
         o.write(f"\ntraining tokens/s (median per run): {tps}; "
                 f"total training time {e['train_seconds_total'] / 60:.1f} min\n\n")
+    for group, e in table.items():
+        if not group.startswith(SELECTED):
+            continue
+        o.write(f"## {group}\n\nmean NLL on {e['select']} (the selection slice) per temperature; "
+                f"* = selected (the lowest)\n")
+        o.write("  kernel      tau   seeds   mean\n")
+        for k, c in e["candidates"].items():
+            for t, v in c.items():
+                mark = " *" if t == e["chosen"][k] else ""
+                o.write(f"  {k:<10} {t:>4} {v['n']:>7}   {v['mean']:.4f}{mark}\n")
+        for sl, s in e["slices"].items():
+            format_slice(o, sl, "test slice, each kernel at its selected tau", s, e["chosen"])
+        o.write("\n")
     return o.getvalue()
 
 
 def write_compare(dirs: List[str], out_prefix: str) -> str:
-    table = compare(dirs)
+    table = {**compare(dirs), **select_temperatures(dirs)}
     text = format_table(table)
     write_json(out_prefix + ".json", table)
     write_atomic(out_prefix + ".txt", text.encode())
@@ -121,7 +199,8 @@ def write_compare(dirs: List[str], out_prefix: str) -> str:
     for setting, e in table.items():
         for sl, s in e["slices"].items():
             for k, v in s["kernels"].items():
-                w.writerow([setting, sl, k, v["n"], f"{v['mean']:.6f}",
+                name = f"{k} (tau {e['chosen'][k]})" if "chosen" in e else k
+                w.writerow([setting, sl, name, v["n"], f"{v['mean']:.6f}",
                             "" if v["sd"] is None else f"{v['sd']:.6f}"])
     write_atomic(out_prefix + ".csv", buf.getvalue().encode())
     return text

@@ -138,14 +138,15 @@ def test_checkpoint_format_is_what_continuum_lm_reads(tmp_path):
         load_checkpoint(str(bad))
 
 
-def fake_run(tmp_path, kernel, seed, nll):
-    d = tmp_path / f"{kernel}_{seed}"
+def fake_run(tmp_path, kernel, seed, nll, tau=0.3, select=None):
+    d = tmp_path / f"{kernel}_{tau}_{seed}"
     d.mkdir()
     cfg = preset("cpu").to_dict()
-    cfg.update(attention=kernel, seed=seed)
+    cfg.update(attention=kernel, seed=seed, temperature=tau)
     (d / "result.json").write_text(json.dumps({
         "config": cfg, "kernel": kernel, "seed": seed, "select": "sel", "tests": ["t"],
-        "eval": {"sel": {"nats_per_byte": nll + 1}, "t": {"nats_per_byte": nll}},
+        "eval": {"sel": {"nats_per_byte": nll + 1 if select is None else select},
+                 "t": {"nats_per_byte": nll}},
         "time": {"train_seconds": 10.0, "tokens_per_second": 100.0}, "curve": []}))
 
 
@@ -165,6 +166,44 @@ def test_compare_paired_statistics(tmp_path):
     assert table["slices"]["t"]["kernels"]["softmax"]["sd"] == pytest.approx(np.std(sm, ddof=1))
     text = analysis.write_compare([str(tmp_path)], str(tmp_path / "cmp"))
     assert "continuum - softmax" in text and (tmp_path / "cmp.csv").exists()
+
+
+def test_compare_selects_each_kernels_temperature(tmp_path):
+    """softmax at two temperatures: the one with the lower mean selection NLL over the
+    seeds both finished is compared with continuum on the test slice; a seed only one
+    temperature finished does not take part in the choice."""
+    ca = [2.10, 2.12, 2.08]
+    sm = {0.3: ([2.13, 2.11, 2.12], [3.0, 3.1, 3.2]), 1.0: ([2.16, 2.09, 2.15], [2.9, 3.0, 3.1])}
+    for s, x in enumerate(ca):
+        fake_run(tmp_path, "continuum", s, x)
+        for tau, (test, sel) in sm.items():
+            fake_run(tmp_path, "softmax", s, test[s], tau=tau, select=sel[s])
+    fake_run(tmp_path, "softmax", 3, 2.0, tau=0.3, select=0.0)  # would turn the choice to 0.3
+    table = analysis.compare([str(tmp_path)])
+    (key, e), = analysis.select_temperatures([str(tmp_path)]).items()
+    assert key.startswith(analysis.SELECTED) and "tau 0.3" not in key
+    assert e["chosen"] == {"continuum": "0.3", "softmax": "1"}
+    assert e["candidates"]["softmax"]["0.3"] == {"n": 3, "mean": pytest.approx(3.1)}
+    assert e["candidates"]["softmax"]["1"]["mean"] == pytest.approx(3.0)
+    assert list(e["slices"]) == ["t"]  # not the selection slice the choice was made on
+    p = e["slices"]["t"]["paired"]["continuum - softmax"]
+    assert p["mean"] == pytest.approx(np.mean(np.array(ca) - sm[1.0][0]), abs=1e-12)
+    assert p["won"] == 2 and p["n"] == 3
+    # the per-setting tables are unchanged: continuum against softmax at its own tau only
+    (tau03,) = [v for k, v in table.items() if "tau 0.3" in k]
+    assert tau03["slices"]["t"]["paired"]["continuum - softmax"]["n"] == 3
+    text = analysis.write_compare([str(tmp_path)], str(tmp_path / "cmp"))
+    assert "softmax       1       3   3.0000 *" in text and "(tau 1)" in text
+    assert "softmax (tau 1)" in (tmp_path / "cmp.csv").read_text()
+    assert key in json.loads((tmp_path / "cmp.json").read_text())
+
+
+def test_compare_without_a_choice_has_no_selection(tmp_path):
+    for s in range(2):
+        fake_run(tmp_path, "continuum", s, 2.0 + s)
+        fake_run(tmp_path, "softmax", s, 2.1 + 1.5 * s)
+    assert analysis.select_temperatures([str(tmp_path)]) == {}
+    assert analysis.SELECTED not in analysis.write_compare([str(tmp_path)], str(tmp_path / "cmp"))
 
 
 def run_main(*args, env=None, **kw):
