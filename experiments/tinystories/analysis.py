@@ -206,16 +206,28 @@ def write_compare(dirs: List[str], out_prefix: str) -> str:
     return text
 
 
+def curve_groups(runs: List[dict]) -> Dict[str, List[dict]]:
+    """The runs with a curve, by kernel, and within a kernel by temperature and whether it
+    was learned where its runs differ in them (one line each in plot_curves)."""
+    out = defaultdict(list)
+    for k in KERNEL_ORDER:
+        rs = [r for r in runs if r["kernel"] == k and r["curve"]]
+        kinds = {(r["config"]["temperature"], bool(r["config"].get("learn_temperature"))) for r in rs}
+        for tau, learned in sorted(kinds):
+            label = k if len(kinds) == 1 else f"{k}, tau {tau:g}{' learned' if learned else ''}"
+            out[label] = [r for r in rs if (r["config"]["temperature"],
+                                            bool(r["config"].get("learn_temperature"))) == (tau, learned)]
+    return dict(out)
+
+
 def plot_curves(dirs: List[str], out: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     runs = load_results(dirs)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for k, color in zip(KERNEL_ORDER, ("C0", "C1", "C2")):
-        rs = [r for r in runs if r["kernel"] == k and r["curve"]]
-        if not rs:
-            continue
+    for i, (k, rs) in enumerate(curve_groups(runs).items()):
+        color = f"C{i % 10}"
         n = min(len(r["curve"]) for r in rs)
         x = np.array([p["train_bytes"] for p in rs[0]["curve"][:n]]) / 1e6
         y = np.array([[p["select_nats_per_byte"] for p in r["curve"][:n]] for r in rs])

@@ -198,6 +198,17 @@ def test_compare_selects_each_kernels_temperature(tmp_path):
     assert key in json.loads((tmp_path / "cmp.json").read_text())
 
 
+def test_curves_are_drawn_per_temperature_where_a_kernel_has_several():
+    def run(kernel, tau, learned=False):
+        return {"kernel": kernel, "curve": [{"train_bytes": 0, "select_nats_per_byte": 5.0}],
+                "config": {"temperature": tau, "learn_temperature": learned}}
+    runs = [run("softmax", 1.0), run("continuum", 0.3), run("softmax", 0.3), run("softmax", 0.3),
+            run("softmax", 0.3, True), run("focal", 0.3), dict(run("focal", 0.3), curve=[])]
+    groups = analysis.curve_groups(runs)
+    assert {k: len(v) for k, v in groups.items()} == {
+        "continuum": 1, "softmax, tau 0.3": 2, "softmax, tau 0.3 learned": 1, "softmax, tau 1": 1, "focal": 1}
+
+
 def test_compare_without_a_choice_has_no_selection(tmp_path):
     for s in range(2):
         fake_run(tmp_path, "continuum", s, 2.0 + s)
