@@ -59,6 +59,47 @@ def group_of(cfg: dict) -> str:
             f"ctx {cfg['context']}, {learned} tau, {cfg['steps']} steps x {cfg['batch_size']}")
 
 
+# What the runs of one setting may differ in: the kernel and the seed (and the thread
+# count, which moves only roundings). Everything else in a result — the rest of the
+# config, the texts trained and evaluated on, the machine — makes another setting.
+VARIES = ("attention", "seed", "threads")
+
+
+def setting_key(r: dict, also: tuple = ()) -> dict:
+    key = {k: v for k, v in r["config"].items() if k not in VARIES + also}
+    key.update(train=r["train"].get("text"), select=r["select"], tests=r["tests"],
+               machine=r.get("machine", {}).get("cpu"))
+    return key
+
+
+def grouped(runs: List[dict], label, also: tuple = ()) -> Dict[str, List[dict]]:
+    """runs by setting (setting_key, less the fields `also`), named label(config); two
+    settings of one name get the fields they differ in appended. Two runs of one kernel,
+    temperature and seed in a setting are an error (one would hide the other)."""
+    by = {}
+    for r in runs:
+        k = json.dumps(setting_key(r, also), sort_keys=True)
+        by.setdefault(k, []).append(r)
+    names = defaultdict(list)
+    for k, rs in by.items():
+        names[label(rs[0]["config"])].append(k)
+    out = {}
+    for name, keys in sorted(names.items()):
+        dicts = [json.loads(k) for k in keys]
+        for k, d in zip(keys, dicts):
+            differ = [f"{f} {d.get(f)}" for f in sorted({f for e in dicts for f in e})
+                      if len({json.dumps(e.get(f)) for e in dicts}) > 1]
+            rs, seen = by[k], {}
+            for r in rs:
+                who = (r["kernel"], r["config"]["temperature"], r["seed"])
+                if who in seen:
+                    raise ValueError(f"compare: two runs of {who[0]}, tau {who[1]:g}, seed {who[2]} in one "
+                                     f"setting: {seen[who]} and {r['_path']}; compare them separately")
+                seen[who] = r["_path"]
+            out[name + (f" [{', '.join(differ)}]" if differ else "")] = rs
+    return out
+
+
 def paired(a: Dict[int, float], b: Dict[int, float]) -> dict:
     seeds = sorted(set(a) & set(b))
     d = np.array([a[s] - b[s] for s in seeds])
@@ -87,11 +128,8 @@ def slice_stats(runs: List[dict], sl: str) -> dict:
 
 
 def compare(dirs: List[str]) -> dict:
-    by = defaultdict(list)
-    for r in load_results(dirs):
-        by[setting_of(r["config"])].append(r)
     table = {}
-    for setting, runs in sorted(by.items()):
+    for setting, runs in grouped(load_results(dirs), setting_of).items():
         slices = sorted({s for r in runs for s in r["eval"]}, key=lambda s: (s != runs[0]["select"], s))
         entry = {"select": runs[0]["select"], "slices": {sl: slice_stats(runs, sl) for sl in slices}}
         tps = defaultdict(list)
@@ -112,16 +150,14 @@ def select_temperatures(dirs: List[str]) -> dict:
     softmax baseline"), per group of runs that differ in nothing but the temperature and
     where some kernel ran at two or more: a kernel's selected temperature has the lowest
     mean NLL on the selection slice over the seeds that all its temperatures finished;
-    then, on every test slice, the kernels at their selected temperatures as in compare
-    (mean ± sd, paired differences). The selection slice's own differences are left out:
+    then, on every test slice, the kernels at their selected temperatures, over those
+    seeds, as in compare (mean ± sd, paired differences). The selection slice's own
+    differences are left out:
     the choice was made on it, so they would favour the selected kernels.
     Returns {SELECTED + group: {"select", "candidates": {kernel: {tau: {"n", "mean"}}},
     "chosen": {kernel: tau}, "slices": {test slice: slice_stats}}}."""
-    by = defaultdict(list)
-    for r in load_results(dirs):
-        by[group_of(r["config"])].append(r)
     out = {}
-    for group, runs in sorted(by.items()):
+    for group, runs in grouped(load_results(dirs), group_of, also=("temperature",)).items():
         sel = runs[0]["select"]
         taus = defaultdict(lambda: defaultdict(dict))  # kernel -> tau -> seed -> run
         for r in runs:
@@ -139,7 +175,7 @@ def select_temperatures(dirs: List[str]) -> dict:
             best = min(means, key=means.get)
             entry["candidates"][k] = {f"{t:g}": {"n": len(seeds), "mean": m} for t, m in means.items()}
             entry["chosen"][k] = f"{best:g}"
-            chosen_runs += taus[k][best].values()
+            chosen_runs += [taus[k][best][s] for s in seeds]
         tests = sorted({s for r in chosen_runs for s in r["eval"]} - {sel})
         entry["slices"] = {sl: slice_stats(chosen_runs, sl) for sl in tests}
         out[SELECTED + group] = entry

@@ -138,13 +138,14 @@ def test_checkpoint_format_is_what_continuum_lm_reads(tmp_path):
         load_checkpoint(str(bad))
 
 
-def fake_run(tmp_path, kernel, seed, nll, tau=0.3, select=None):
-    d = tmp_path / f"{kernel}_{tau}_{seed}"
+def fake_run(tmp_path, kernel, seed, nll, tau=0.3, select=None, machine="cpu A", **config):
+    d = tmp_path / f"{kernel}_{tau}_{seed}_{machine}_{len(list(tmp_path.iterdir()))}"
     d.mkdir()
     cfg = preset("cpu").to_dict()
-    cfg.update(attention=kernel, seed=seed, temperature=tau)
+    cfg.update(attention=kernel, seed=seed, temperature=tau, **config)
     (d / "result.json").write_text(json.dumps({
         "config": cfg, "kernel": kernel, "seed": seed, "select": "sel", "tests": ["t"],
+        "train": {"text": "train.txt"}, "machine": {"cpu": machine},
         "eval": {"sel": {"nats_per_byte": nll + 1 if select is None else select},
                  "t": {"nats_per_byte": nll}},
         "time": {"train_seconds": 10.0, "tokens_per_second": 100.0}, "curve": []}))
@@ -207,6 +208,25 @@ def test_curves_are_drawn_per_temperature_where_a_kernel_has_several():
     groups = analysis.curve_groups(runs)
     assert {k: len(v) for k, v in groups.items()} == {
         "continuum": 1, "softmax, tau 0.3": 2, "softmax, tau 0.3 learned": 1, "softmax, tau 1": 1, "focal": 1}
+
+
+def test_compare_keeps_settings_apart_and_refuses_duplicates(tmp_path):
+    """Runs that differ in anything but kernel, seed and thread count are other settings,
+    named by what differs; two runs of one kernel and seed in a setting are an error."""
+    for s in range(2):
+        fake_run(tmp_path, "continuum", s, 2.0 + s, threads=s + 1)
+        fake_run(tmp_path, "softmax", s, 2.1 + 1.5 * s)
+        fake_run(tmp_path, "softmax", s, 2.3 + s, machine="cpu B")
+        fake_run(tmp_path, "softmax", s, 2.4 + s, lr=1e-3)
+    table = analysis.compare([str(tmp_path)])
+    assert sorted(k.split(" [")[-1] for k in table) == [
+        "lr 0.001, machine cpu A]", "lr 0.003, machine cpu A]", "lr 0.003, machine cpu B]"]
+    (same,) = [e for k, e in table.items() if "lr 0.003, machine cpu A" in k]
+    assert same["slices"]["t"]["paired"]["continuum - softmax"]["n"] == 2
+    assert same["slices"]["t"]["kernels"]["softmax"]["mean"] == pytest.approx(2.85)
+    fake_run(tmp_path, "softmax", 1, 9.0, threads=7)
+    with pytest.raises(ValueError, match="two runs of softmax, tau 0.3, seed 1 in one setting"):
+        analysis.compare([str(tmp_path)])
 
 
 def test_compare_without_a_choice_has_no_selection(tmp_path):
