@@ -79,15 +79,35 @@ def _accum_dtype(dtype):
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+def _type_name(x) -> str:
+    """x's type for a message: its module too where that is not builtins
+    (numpy.bool, not bool)."""
+    t = type(x)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
 # --------------------------------------------------------------------------
 # Fake (meta) kernels: shapes only, for torch.compile / FakeTensor / meta.
 # --------------------------------------------------------------------------
+def _check_one_device(query, **tensors):
+    """ValueError unless every tensor given is on query's device. The C++ kernels
+    check the same, but a call whose tensors are on two devices is dispatched by
+    the highest of them: a meta one sends a CPU call here, whose outputs would be
+    uninitialised memory."""
+    for name, t in tensors.items():
+        if t is not None and t.device != query.device:
+            raise ValueError(f"continuum_attention: {name} is on {t.device} but query is on "
+                             f"{query.device} (all tensors must be on one device)")
+
+
 @torch.library.register_fake("continuum::forward")
 def _forward_fake(query, key, value, kernel, causal, window_left, window_right, range_lo,
                   range_hi, temperature, temperature_value, scale, compute="default",
                   row_stats=False):
     torch._check(query.dim() == 4 and key.dim() == 4 and value.dim() == 4,
                  lambda: "continuum_attention: query, key, value must be 4-D")
+    _check_one_device(query, key=key, value=value, range_lo=range_lo, range_hi=range_hi,
+                      temperature=temperature)
     B, Hq, Lq, _ = query.shape
     out = query.new_empty((B, Hq, Lq, value.shape[3]))
     lse = query.new_empty((B, Hq, Lq), dtype=_accum_dtype(query.dtype))
@@ -105,6 +125,9 @@ def _backward_fake(grad_out, query, key, value, out, lse, row_stats, row_ref, ke
                    window_left,
                    window_right, range_lo, range_hi, temperature, temperature_value, scale,
                    compute="default"):
+    _check_one_device(query, grad_out=grad_out, key=key, value=value, out=out, lse=lse,
+                      row_stats=row_stats, row_ref=row_ref, range_lo=range_lo, range_hi=range_hi,
+                      temperature=temperature)
     dt = (temperature.new_empty(temperature.shape) if temperature is not None
           else query.new_empty((0,), dtype=_accum_dtype(query.dtype)))
     return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape),
@@ -132,7 +155,7 @@ def _check_inputs(query, key, value):
         for name, t in (("query", query), ("key", key), ("value", value)):  # in order
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"continuum_attention: {name} must be a torch.Tensor, "
-                                f"got {type(t).__name__}")
+                                f"got {_type_name(t)}")
             if t.dim() != 4:
                 raise ValueError(f"continuum_attention: {name} must be 4-D [batch, heads, seq, "
                                  f"dim], got shape {tuple(t.shape)}")
@@ -164,7 +187,7 @@ def _check_compute(compute, query):
         return "default"
     if not isinstance(compute, str):
         raise TypeError(f"continuum_attention: compute must be None or a string, "
-                        f"got {type(compute).__name__}")
+                        f"got {_type_name(compute)}")
     if compute not in _COMPUTES:
         raise ValueError(f"continuum_attention: compute must be None, 'default', 'float32' or "
                          f"'float64', got {compute!r}")
@@ -319,7 +342,7 @@ def attention(
     if kernel not in _KERNELS:
         raise ValueError(f"continuum_attention: kernel must be one of {_KERNELS}, got {kernel!r}")
     if not isinstance(causal, bool):
-        raise TypeError(f"continuum_attention: causal must be a bool, got {type(causal).__name__}")
+        raise TypeError(f"continuum_attention: causal must be a bool, got {_type_name(causal)}")
     if type(window) is tuple and len(window) == 2 and type(window[0]) is int and type(window[1]) is int:
         window_left, window_right = window  # (the usual case, without the ABC checks below)
     else:
@@ -346,11 +369,11 @@ def attention(
         temp_tensor, temp_value = None, float(temperature)
     else:
         raise TypeError(f"continuum_attention: temperature must be a number or a tensor, "
-                        f"got {type(temperature).__name__}")
+                        f"got {_type_name(temperature)}")
     if scale is not None and type(scale) is not float:
         if not isinstance(scale, numbers.Real) or isinstance(scale, bool):
             raise TypeError(f"continuum_attention: scale must be None or a number, "
-                            f"got {type(scale).__name__}")
+                            f"got {_type_name(scale)}")
         scale = float(scale)
     compute = _check_compute(compute, query)
     # The row statistics for the backward: only where a gradient will be asked for.

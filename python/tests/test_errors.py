@@ -93,6 +93,36 @@ def test_mixed_devices():
            lambda q, k, v: ca.attention(q, k.to("meta"), v))
 
 
+def test_optional_tensors_on_another_device():
+    """ranges and a temperature tensor on the meta device beside CPU q, k, v: a
+    call on two devices is dispatched by the highest, and meta's kernel (shapes
+    only) used to return uninitialised memory with no error."""
+    lo, hi = torch.zeros(B, L, dtype=torch.long), torch.full((B, L), L, dtype=torch.long)
+    raises(ValueError, r"temperature is on meta but query is on cpu",
+           lambda q, k, v: ca.attention(q, k, v, temperature=torch.tensor(0.5, dtype=q.dtype, device="meta")))
+    raises(ValueError, r"range_lo is on meta but query is on cpu",
+           lambda q, k, v: ca.attention(q, k, v, ranges=(lo.to("meta"), hi)))
+    raises(ValueError, r"range_hi is on meta but query is on cpu",
+           lambda q, k, v: ca.attention(q, k, v, ranges=(lo, hi.to("meta"))))
+    # the operators themselves, forward and backward
+    args = ("continuum", False, -1, -1, None, None, None, 1.0, None)
+    q, k, v = qkv()
+    out, lse, stats, ref = torch.ops.continuum.forward(q, k, v, *args)
+    with pytest.raises(ValueError, match=r"temperature is on meta but query is on cpu"):
+        torch.ops.continuum.forward(q, k, v, "continuum", False, -1, -1, None, None,
+                                    torch.tensor(0.5, dtype=q.dtype, device="meta"), 1.0, None)
+    with pytest.raises(ValueError, match=r"lse is on meta but query is on cpu"):
+        torch.ops.continuum.backward(out, q, k, v, out, lse.to("meta"), stats, ref, *args)
+    # a meta temperature requiring grad: the gradient is not taken either
+    t = torch.tensor(0.5, dtype=torch.float64, device="meta", requires_grad=True)
+    q.requires_grad_()
+    with pytest.raises(ValueError, match=r"temperature is on meta but query is on cpu"):
+        ca.attention(q, k, v, temperature=t)
+    # all on meta: shapes only, as before
+    o = ca.attention(q.detach().to("meta"), k.to("meta"), v.to("meta"), temperature=t.detach())
+    assert o.device.type == "meta" and o.shape == q.shape
+
+
 def test_mixed_dtypes():
     raises(ValueError, r"value has dtype torch.float32 but query has torch.float64",
            lambda q, k, v: ca.attention(q, k, v.float()))
@@ -136,7 +166,7 @@ def test_no_write_on_success():
 def test_bad_compute():
     raises(ValueError, r"compute must be None, 'default', 'float32' or 'float64', got 'double'",
            lambda q, k, v: ca.attention(q, k, v, compute="double"))
-    raises(TypeError, r"compute must be None or a string, got dtype",
+    raises(TypeError, r"compute must be None or a string, got torch\.dtype",
            lambda q, k, v: ca.attention(q, k, v, compute=torch.float64))
     # float64 storage has no float32 arithmetic on the CPU
     raises(ValueError, r"compute='float32' needs float32, bfloat16 or float16 storage, query is torch.float64",
@@ -170,11 +200,15 @@ def test_option_types_are_not_coerced():
         raises(TypeError, r"causal must be a bool", lambda q, k, v: ca.attention(q, k, v, causal=causal))
     for scale in ("0.5", True, torch.tensor(0.5)):
         raises(TypeError, r"scale must be None or a number", lambda q, k, v: ca.attention(q, k, v, scale=scale))
+    import numpy as np
+    # a type outside builtins is named with its module (was "must be a bool, got bool")
+    raises(TypeError, r"causal must be a bool, got numpy\.bool",
+           lambda q, k, v: ca.attention(q, k, v, causal=np.bool_(True)))
+    raises(TypeError, r"causal must be a bool, got str$", lambda q, k, v: ca.attention(q, k, v, causal="no"))
     # the accepted forms still run: a list pair, ints of other types
     q, k, v = qkv()
     ref = ca.attention(q, k, v, window=(2, 1), scale=0.5)
     assert torch.equal(ca.attention(q, k, v, window=[2, 1], scale=0.5), ref)
-    import numpy as np
     assert torch.equal(ca.attention(q, k, v, window=(np.int64(2), np.int32(1)), scale=np.float64(0.5)), ref)
 
 
