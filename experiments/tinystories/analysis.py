@@ -152,8 +152,8 @@ def select_temperatures(dirs: List[str]) -> dict:
     mean NLL on the selection slice over the seeds that all its temperatures finished;
     then, on every test slice, the kernels at their selected temperatures, over those
     seeds, as in compare (mean ± sd, paired differences). The selection slice's own
-    differences are left out:
-    the choice was made on it, so they would favour the selected kernels.
+    differences are left out: the choice was made on it, so they would favour the
+    selected kernels.
     Returns {SELECTED + group: {"select", "candidates": {kernel: {tau: {"n", "mean"}}},
     "chosen": {kernel: tau}, "slices": {test slice: slice_stats}}}."""
     out = {}
