@@ -6,11 +6,11 @@ continuum - softmax and continuum - focal over the seeds both finished: mean,
 95 % confidence interval from Student's t (scipy.stats.t), seeds won (negative
 difference = continuum better), and each seed's difference.
 
-Where a kernel was run at more than one temperature in otherwise the same setting,
-compare also selects each kernel's temperature on the selection slice (the lowest
-mean NLL there) and gives the paired differences on the test slices between the
-kernels at their selected temperatures: the paper's "strongest selected softmax
-baseline" (docs/MATH.md §9).
+Where a kernel was run at more than one temperature in otherwise the same setting
+(fixed τ values, or τ learned from an initial value), compare also selects each
+kernel's temperature on the selection slice (the lowest mean NLL there) and gives the
+paired differences on the test slices between the kernels at their selected
+temperatures: the paper's "strongest selected softmax baseline" (docs/MATH.md §9).
 """
 from __future__ import annotations
 
@@ -54,9 +54,13 @@ def setting_of(cfg: dict) -> str:
 
 def group_of(cfg: dict) -> str:
     """setting_of without the temperature: the runs among which a temperature is selected."""
-    learned = "learned" if cfg.get("learn_temperature") else "fixed"
     return (f"{cfg['preset']}: {cfg['n_layer']}L d{cfg['d_model']} h{cfg['n_head']} "
-            f"ctx {cfg['context']}, {learned} tau, {cfg['steps']} steps x {cfg['batch_size']}")
+            f"ctx {cfg['context']}, {cfg['steps']} steps x {cfg['batch_size']}")
+
+
+def tau_of(cfg: dict) -> str:
+    """A run's temperature: "0.3" (fixed), or "0.3 learned" (learned from 0.3)."""
+    return f"{cfg['temperature']:g}" + (" learned" if cfg.get("learn_temperature") else "")
 
 
 # What the runs of one setting may differ in: the kernel and the seed (and the thread
@@ -91,9 +95,9 @@ def grouped(runs: List[dict], label, also: tuple = ()) -> Dict[str, List[dict]]:
                       if len({json.dumps(e.get(f)) for e in dicts}) > 1]
             rs, seen = by[k], {}
             for r in rs:
-                who = (r["kernel"], r["config"]["temperature"], r["seed"])
+                who = (r["kernel"], tau_of(r["config"]), r["seed"])
                 if who in seen:
-                    raise ValueError(f"compare: two runs of {who[0]}, tau {who[1]:g}, seed {who[2]} in one "
+                    raise ValueError(f"compare: two runs of {who[0]}, tau {who[1]}, seed {who[2]} in one "
                                      f"setting: {seen[who]} and {r['_path']}; compare them separately")
                 seen[who] = r["_path"]
             out[name + (f" [{', '.join(differ)}]" if differ else "")] = rs
@@ -127,9 +131,10 @@ def slice_stats(runs: List[dict], sl: str) -> dict:
     return {"kernels": kern, "paired": diffs}
 
 
-def compare(dirs: List[str]) -> dict:
+def compare(runs: List[dict]) -> dict:
+    """The runs (load_results) by setting: per slice, slice_stats; training speed and time."""
     table = {}
-    for setting, runs in grouped(load_results(dirs), setting_of).items():
+    for setting, runs in grouped(runs, setting_of).items():
         slices = sorted({s for r in runs for s in r["eval"]}, key=lambda s: (s != runs[0]["select"], s))
         entry = {"select": runs[0]["select"], "slices": {sl: slice_stats(runs, sl) for sl in slices}}
         tps = defaultdict(list)
@@ -145,11 +150,13 @@ def compare(dirs: List[str]) -> dict:
 SELECTED = "selected temperatures: "  # key prefix of select_temperatures' entries in compare.json
 
 
-def select_temperatures(dirs: List[str]) -> dict:
+def select_temperatures(runs: List[dict]) -> dict:
     """Each kernel at its selected temperature (docs/MATH.md §9, "the strongest selected
-    softmax baseline"), per group of runs that differ in nothing but the temperature and
-    where some kernel ran at two or more: a kernel's selected temperature has the lowest
-    mean NLL on the selection slice over the seeds that all its temperatures finished;
+    softmax baseline"), per group of runs (load_results) that differ in nothing but the
+    temperature and where some kernel ran at two or more; a temperature is a fixed τ or
+    τ learned from an initial value (tau_of: "0.3", "0.3 learned"). A kernel's selected
+    temperature has the lowest mean NLL on the selection slice over the seeds that all
+    its temperatures finished;
     then, on every test slice, the kernels at their selected temperatures, over those
     seeds, as in compare (mean ± sd, paired differences). The selection slice's own
     differences are left out: the choice was made on it, so they would favour the
@@ -157,11 +164,11 @@ def select_temperatures(dirs: List[str]) -> dict:
     Returns {SELECTED + group: {"select", "candidates": {kernel: {tau: {"n", "mean"}}},
     "chosen": {kernel: tau}, "slices": {test slice: slice_stats}}}."""
     out = {}
-    for group, runs in grouped(load_results(dirs), group_of, also=("temperature",)).items():
+    for group, runs in grouped(runs, group_of, also=("temperature", "learn_temperature")).items():
         sel = runs[0]["select"]
-        taus = defaultdict(lambda: defaultdict(dict))  # kernel -> tau -> seed -> run
+        taus = defaultdict(lambda: defaultdict(dict))  # kernel -> tau_of -> seed -> run
         for r in runs:
-            taus[r["kernel"]][float(r["config"]["temperature"])][r["seed"]] = r
+            taus[r["kernel"]][tau_of(r["config"])][r["seed"]] = r
         if all(len(t) < 2 for t in taus.values()):
             continue
         entry = {"select": sel, "candidates": {}, "chosen": {}, "slices": {}}
@@ -170,11 +177,12 @@ def select_temperatures(dirs: List[str]) -> dict:
             seeds = sorted(set.intersection(*(set(by_seed) for by_seed in taus[k].values())))
             if not seeds:
                 raise ValueError(f"compare: {group}: no seed that every temperature of {k} finished")
+            order = sorted(taus[k], key=lambda t: (t.endswith("learned"), float(t.split()[0])))
             means = {t: float(np.mean([taus[k][t][s]["eval"][sel]["nats_per_byte"] for s in seeds]))
-                     for t in sorted(taus[k])}
+                     for t in order}
             best = min(means, key=means.get)
-            entry["candidates"][k] = {f"{t:g}": {"n": len(seeds), "mean": m} for t, m in means.items()}
-            entry["chosen"][k] = f"{best:g}"
+            entry["candidates"][k] = {t: {"n": len(seeds), "mean": m} for t, m in means.items()}
+            entry["chosen"][k] = best
             chosen_runs += [taus[k][best][s] for s in seeds]
         tests = sorted({s for r in chosen_runs for s in r["eval"]} - {sel})
         entry["slices"] = {sl: slice_stats(chosen_runs, sl) for sl in tests}
@@ -213,11 +221,11 @@ def format_table(table: dict) -> str:
             continue
         o.write(f"## {group}\n\nmean NLL on {e['select']} (the selection slice) per temperature; "
                 f"* = selected (the lowest)\n")
-        o.write("  kernel      tau   seeds   mean\n")
+        o.write("  kernel      tau           seeds   mean\n")
         for k, c in e["candidates"].items():
             for t, v in c.items():
                 mark = " *" if t == e["chosen"][k] else ""
-                o.write(f"  {k:<10} {t:>4} {v['n']:>7}   {v['mean']:.4f}{mark}\n")
+                o.write(f"  {k:<10}  {t:<12} {v['n']:>5}   {v['mean']:.4f}{mark}\n")
         for sl, s in e["slices"].items():
             format_slice(o, sl, "test slice, each kernel at its selected tau", s, e["chosen"])
         o.write("\n")
@@ -225,7 +233,8 @@ def format_table(table: dict) -> str:
 
 
 def write_compare(dirs: List[str], out_prefix: str) -> str:
-    table = {**compare(dirs), **select_temperatures(dirs)}
+    runs = load_results(dirs)
+    table = {**compare(runs), **select_temperatures(runs)}
     text = format_table(table)
     write_json(out_prefix + ".json", table)
     write_atomic(out_prefix + ".txt", text.encode())

@@ -157,7 +157,7 @@ def test_compare_paired_statistics(tmp_path):
     for s, (a, b) in enumerate(zip(ca, sm)):
         fake_run(tmp_path, "continuum", s, a)
         fake_run(tmp_path, "softmax", s, b)
-    (table,) = analysis.compare([str(tmp_path)]).values()
+    (table,) = analysis.compare(analysis.load_results([str(tmp_path)])).values()
     p = table["slices"]["t"]["paired"]["continuum - softmax"]
     d = np.array(ca) - np.array(sm)
     lo, hi = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
@@ -180,8 +180,8 @@ def test_compare_selects_each_kernels_temperature(tmp_path):
         for tau, (test, sel) in sm.items():
             fake_run(tmp_path, "softmax", s, test[s], tau=tau, select=sel[s])
     fake_run(tmp_path, "softmax", 3, 2.0, tau=0.3, select=0.0)  # would turn the choice to 0.3
-    table = analysis.compare([str(tmp_path)])
-    (key, e), = analysis.select_temperatures([str(tmp_path)]).items()
+    table = analysis.compare(analysis.load_results([str(tmp_path)]))
+    (key, e), = analysis.select_temperatures(analysis.load_results([str(tmp_path)])).items()
     assert key.startswith(analysis.SELECTED) and "tau 0.3" not in key
     assert e["chosen"] == {"continuum": "0.3", "softmax": "1"}
     assert e["candidates"]["softmax"]["0.3"] == {"n": 3, "mean": pytest.approx(3.1)}
@@ -194,9 +194,32 @@ def test_compare_selects_each_kernels_temperature(tmp_path):
     (tau03,) = [v for k, v in table.items() if "tau 0.3" in k]
     assert tau03["slices"]["t"]["paired"]["continuum - softmax"]["n"] == 3
     text = analysis.write_compare([str(tmp_path)], str(tmp_path / "cmp"))
-    assert "softmax       1       3   3.0000 *" in text and "(tau 1)" in text
+    assert "  softmax     1                3   3.0000 *" in text and "(tau 1)" in text
     assert "softmax (tau 1)" in (tmp_path / "cmp.csv").read_text()
     assert key in json.loads((tmp_path / "cmp.json").read_text())
+
+
+def test_a_learned_temperature_is_a_candidate_of_its_own(tmp_path):
+    """τ learned from 0.3 and τ fixed at 0.3 are two temperatures of a kernel (not two runs
+    of one): the selection picks between them on the selection slice; the per-setting
+    tables keep learned and fixed apart."""
+    for s in range(3):
+        fake_run(tmp_path, "continuum", s, 2.0 + s + 0.02 * s * s, select=3.0 + 0.01 * s)
+        fake_run(tmp_path, "softmax", s, 2.2 + s, select=3.2)
+        fake_run(tmp_path, "softmax", s, 2.1 + s + 0.01 * s * s, select=3.1, learn_temperature=True)
+        fake_run(tmp_path, "continuum", s, 2.05 + s, select=3.05 + 0.01 * s * s, learn_temperature=True)
+    runs = analysis.load_results([str(tmp_path)])
+    table = analysis.compare(runs)
+    assert sorted(table) == [k for k in sorted(table) if "tau 0.3 (fixed)" in k or "tau 0.3 (learned)" in k]
+    assert len(table) == 2
+    (e,) = analysis.select_temperatures(runs).values()
+    assert list(e["candidates"]["softmax"]) == ["0.3", "0.3 learned"]
+    assert e["chosen"] == {"continuum": "0.3", "softmax": "0.3 learned"}
+    p = e["slices"]["t"]["paired"]["continuum - softmax"]
+    assert p["mean"] == pytest.approx(-0.1 + 0.05 / 3, abs=1e-12) and p["n"] == 3
+    text = analysis.write_compare([str(tmp_path)], str(tmp_path / "cmp"))
+    assert "  softmax     0.3 learned      3   3.1000 *" in text
+    assert "softmax (tau 0.3 learned)" in (tmp_path / "cmp.csv").read_text()
 
 
 def test_curves_are_drawn_per_temperature_where_a_kernel_has_several():
@@ -218,7 +241,7 @@ def test_compare_keeps_settings_apart_and_refuses_duplicates(tmp_path):
         fake_run(tmp_path, "softmax", s, 2.1 + 1.5 * s)
         fake_run(tmp_path, "softmax", s, 2.3 + s, machine="cpu B")
         fake_run(tmp_path, "softmax", s, 2.4 + s, lr=1e-3)
-    table = analysis.compare([str(tmp_path)])
+    table = analysis.compare(analysis.load_results([str(tmp_path)]))
     assert sorted(k.split(" [")[-1] for k in table) == [
         "lr 0.001, machine cpu A]", "lr 0.003, machine cpu A]", "lr 0.003, machine cpu B]"]
     (same,) = [e for k, e in table.items() if "lr 0.003, machine cpu A" in k]
@@ -226,14 +249,14 @@ def test_compare_keeps_settings_apart_and_refuses_duplicates(tmp_path):
     assert same["slices"]["t"]["kernels"]["softmax"]["mean"] == pytest.approx(2.85)
     fake_run(tmp_path, "softmax", 1, 9.0, threads=7)
     with pytest.raises(ValueError, match="two runs of softmax, tau 0.3, seed 1 in one setting"):
-        analysis.compare([str(tmp_path)])
+        analysis.compare(analysis.load_results([str(tmp_path)]))
 
 
 def test_compare_without_a_choice_has_no_selection(tmp_path):
     for s in range(2):
         fake_run(tmp_path, "continuum", s, 2.0 + s)
         fake_run(tmp_path, "softmax", s, 2.1 + 1.5 * s)
-    assert analysis.select_temperatures([str(tmp_path)]) == {}
+    assert analysis.select_temperatures(analysis.load_results([str(tmp_path)])) == {}
     assert analysis.SELECTED not in analysis.write_compare([str(tmp_path)], str(tmp_path / "cmp"))
 
 
