@@ -143,6 +143,13 @@ def compare(runs: List[dict]) -> dict:
                 tps[r["kernel"]].append(r["time"]["tokens_per_second"])
         entry["tokens_per_second"] = {k: float(np.median(v)) for k, v in tps.items()}
         entry["train_seconds_total"] = float(sum(r["time"]["train_seconds"] for r in runs))
+        learned = defaultdict(list)  # kernel -> per seed, τ per layer (learn_temperature)
+        for r in runs:
+            if r["config"].get("learn_temperature") and all("tau" in t for t in r.get("temperatures", [{}])):
+                learned[r["kernel"]].append([t["tau"] for t in r["temperatures"]])
+        if learned:
+            entry["learned_tau_per_layer"] = {k: [float(x) for x in np.mean(v, axis=0)]
+                                              for k in KERNEL_ORDER if (v := learned.get(k))}
         table[setting] = entry
     return table
 
@@ -215,7 +222,10 @@ def format_table(table: dict) -> str:
             format_slice(o, sl, "selection slice (curves)" if sl == e["select"] else "test slice", s)
         tps = ", ".join(f"{k} {v:,.0f}" for k, v in e["tokens_per_second"].items())
         o.write(f"\ntraining tokens/s (median per run): {tps}; "
-                f"total training time {e['train_seconds_total'] / 60:.1f} min\n\n")
+                f"total training time {e['train_seconds_total'] / 60:.1f} min\n")
+        for k, taus in e.get("learned_tau_per_layer", {}).items():
+            o.write(f"learned tau per layer, mean over seeds: {k} {' '.join(f'{t:.3f}' for t in taus)}\n")
+        o.write("\n")
     for group, e in table.items():
         if not group.startswith(SELECTED):
             continue

@@ -148,7 +148,8 @@ def fake_run(tmp_path, kernel, seed, nll, tau=0.3, select=None, machine="cpu A",
         "train": {"text": "train.txt"}, "machine": {"cpu": machine},
         "eval": {"sel": {"nats_per_byte": nll + 1 if select is None else select},
                  "t": {"nats_per_byte": nll}},
-        "time": {"train_seconds": 10.0, "tokens_per_second": 100.0}, "curve": []}))
+        "time": {"train_seconds": 10.0, "tokens_per_second": 100.0}, "curve": [],
+        "temperatures": [{"tau": tau * (1 + 0.1 * seed)}, {"tau": tau}]}))
 
 
 def test_compare_paired_statistics(tmp_path):
@@ -212,6 +213,9 @@ def test_a_learned_temperature_is_a_candidate_of_its_own(tmp_path):
     table = analysis.compare(runs)
     assert sorted(table) == [k for k in sorted(table) if "tau 0.3 (fixed)" in k or "tau 0.3 (learned)" in k]
     assert len(table) == 2
+    (learned,) = [e for k, e in table.items() if "(learned)" in k]
+    assert learned["learned_tau_per_layer"] == {"continuum": pytest.approx([0.33, 0.3]),
+                                                "softmax": pytest.approx([0.33, 0.3])}
     (e,) = analysis.select_temperatures(runs).values()
     assert list(e["candidates"]["softmax"]) == ["0.3", "0.3 learned"]
     assert e["chosen"] == {"continuum": "0.3", "softmax": "0.3 learned"}
@@ -219,6 +223,7 @@ def test_a_learned_temperature_is_a_candidate_of_its_own(tmp_path):
     assert p["mean"] == pytest.approx(-0.1 + 0.05 / 3, abs=1e-12) and p["n"] == 3
     text = analysis.write_compare([str(tmp_path)], str(tmp_path / "cmp"))
     assert "  softmax     0.3 learned      3   3.1000 *" in text
+    assert "learned tau per layer, mean over seeds: softmax 0.330 0.300" in text
     assert "softmax (tau 0.3 learned)" in (tmp_path / "cmp.csv").read_text()
 
 
