@@ -149,7 +149,8 @@ def fake_run(tmp_path, kernel, seed, nll, tau=0.3, select=None, machine="cpu A",
         "eval": {"sel": {"nats_per_byte": nll + 1 if select is None else select},
                  "t": {"nats_per_byte": nll}},
         "time": {"train_seconds": 10.0, "tokens_per_second": 100.0}, "curve": [],
-        "temperatures": [{"tau": tau * (1 + 0.1 * seed)}, {"tau": tau}]}))
+        "temperatures": ([{"focal_bias": tau, "focal_weight_norm": 0.1}] if kernel == "focal" else
+                         [{"tau": tau * (1 + 0.1 * seed * seed)}, {"tau": tau}])}))
 
 
 def test_compare_paired_statistics(tmp_path):
@@ -209,21 +210,26 @@ def test_a_learned_temperature_is_a_candidate_of_its_own(tmp_path):
         fake_run(tmp_path, "softmax", s, 2.2 + s, select=3.2)
         fake_run(tmp_path, "softmax", s, 2.1 + s + 0.01 * s * s, select=3.1, learn_temperature=True)
         fake_run(tmp_path, "continuum", s, 2.05 + s, select=3.05 + 0.01 * s * s, learn_temperature=True)
+        fake_run(tmp_path, "focal", s, 2.3 + s * s, select=3.3, learn_temperature=True)
+        for tau in (2.0, 10.0):  # fixed candidates sort by value, before the learned one
+            fake_run(tmp_path, "softmax", s, 2.4 + s, tau=tau, select=3.4 + 0.01 * s * s)
     runs = analysis.load_results([str(tmp_path)])
     table = analysis.compare(runs)
-    assert sorted(table) == [k for k in sorted(table) if "tau 0.3 (fixed)" in k or "tau 0.3 (learned)" in k]
-    assert len(table) == 2
-    (learned,) = [e for k, e in table.items() if "(learned)" in k]
-    assert learned["learned_tau_per_layer"] == {"continuum": pytest.approx([0.33, 0.3]),
-                                                "softmax": pytest.approx([0.33, 0.3])}
+    (fixed,) = [e for k, e in table.items() if "tau 0.3 (fixed)" in k]
+    (learned,) = [e for k, e in table.items() if "tau 0.3 (learned)" in k]
+    assert len(table) == 4 and "learned_tau_per_layer" not in fixed
+    # mean over seeds (0.3 * (1, 1.1, 1.4) for layer 0), not the median; focal's τ is not a scalar
+    assert learned["learned_tau_per_layer"] == {"continuum": pytest.approx([0.35, 0.3]),
+                                                "softmax": pytest.approx([0.35, 0.3])}
     (e,) = analysis.select_temperatures(runs).values()
-    assert list(e["candidates"]["softmax"]) == ["0.3", "0.3 learned"]
-    assert e["chosen"] == {"continuum": "0.3", "softmax": "0.3 learned"}
+    assert list(e["candidates"]["softmax"]) == ["0.3", "2", "10", "0.3 learned"]
+    assert e["chosen"] == {"continuum": "0.3", "softmax": "0.3 learned", "focal": "0.3 learned"}
     p = e["slices"]["t"]["paired"]["continuum - softmax"]
     assert p["mean"] == pytest.approx(-0.1 + 0.05 / 3, abs=1e-12) and p["n"] == 3
     text = analysis.write_compare([str(tmp_path)], str(tmp_path / "cmp"))
     assert "  softmax     0.3 learned      3   3.1000 *" in text
-    assert "learned tau per layer, mean over seeds: softmax 0.330 0.300" in text
+    assert "learned tau per layer, mean over seeds: softmax 0.350 0.300" in text
+    assert "learned tau per layer, mean over seeds: focal" not in text
     assert "softmax (tau 0.3 learned)" in (tmp_path / "cmp.csv").read_text()
 
 
