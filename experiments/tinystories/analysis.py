@@ -281,12 +281,15 @@ def plot_curves(dirs: List[str], out: str) -> None:
     import matplotlib.pyplot as plt
     runs = load_results(dirs)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, (k, rs) in enumerate(curve_groups(runs).items()):
-        color = f"C{i % 10}"
+    styles = defaultdict(lambda: ["-", "--", ":", "-."])  # per kernel: its temperatures' lines
+    for k, rs in curve_groups(runs).items():
+        kernel = rs[0]["kernel"]
+        color = f"C{KERNEL_ORDER.index(kernel)}"  # one colour per kernel, as in every figure
+        style = styles[kernel].pop(0) if styles[kernel] else "-."
         n = min(len(r["curve"]) for r in rs)
         x = np.array([p["train_bytes"] for p in rs[0]["curve"][:n]]) / 1e6
         y = np.array([[p["select_nats_per_byte"] for p in r["curve"][:n]] for r in rs])
-        ax.plot(x, y.mean(0), color=color, label=f"{k} (mean of {len(rs)} seeds)")
+        ax.plot(x, y.mean(0), color=color, linestyle=style, label=f"{k} (mean of {len(rs)} seeds)")
         if len(rs) > 1:
             ax.fill_between(x, y.min(0), y.max(0), color=color, alpha=0.15)
     sel = runs[0]["select"]
