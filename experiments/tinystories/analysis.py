@@ -275,17 +275,27 @@ def curve_groups(runs: List[dict]) -> Dict[str, List[dict]]:
     return dict(out)
 
 
+def line_styles(groups: Dict[str, List[dict]]) -> Dict[str, tuple]:
+    """(matplotlib colour, line style) per curve_groups line: one colour per kernel (the
+    same in every figure), its temperatures' lines solid, dashed, dotted, dash-dotted."""
+    out, used = {}, defaultdict(int)
+    for label, rs in groups.items():
+        kernel = rs[0]["kernel"]
+        out[label] = (f"C{KERNEL_ORDER.index(kernel)}", ("-", "--", ":", "-.")[min(used[kernel], 3)])
+        used[kernel] += 1
+    return out
+
+
 def plot_curves(dirs: List[str], out: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     runs = load_results(dirs)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    styles = defaultdict(lambda: ["-", "--", ":", "-."])  # per kernel: its temperatures' lines
-    for k, rs in curve_groups(runs).items():
-        kernel = rs[0]["kernel"]
-        color = f"C{KERNEL_ORDER.index(kernel)}"  # one colour per kernel, as in every figure
-        style = styles[kernel].pop(0) if styles[kernel] else "-."
+    groups = curve_groups(runs)
+    styles = line_styles(groups)
+    for k, rs in groups.items():
+        color, style = styles[k]
         n = min(len(r["curve"]) for r in rs)
         x = np.array([p["train_bytes"] for p in rs[0]["curve"][:n]]) / 1e6
         y = np.array([[p["select_nats_per_byte"] for p in r["curve"][:n]] for r in rs])

@@ -242,6 +242,9 @@ def test_curves_are_drawn_per_temperature_where_a_kernel_has_several():
     groups = analysis.curve_groups(runs)
     assert {k: len(v) for k, v in groups.items()} == {
         "continuum": 1, "softmax, tau 0.3": 2, "softmax, tau 0.3 learned": 1, "softmax, tau 1": 1, "focal": 1}
+    assert analysis.line_styles(groups) == {
+        "continuum": ("C0", "-"), "softmax, tau 0.3": ("C1", "-"), "softmax, tau 0.3 learned": ("C1", "--"),
+        "softmax, tau 1": ("C1", ":"), "focal": ("C2", "-")}
 
 
 def test_compare_keeps_settings_apart_and_refuses_duplicates(tmp_path):
