@@ -275,13 +275,22 @@ def curve_groups(runs: List[dict]) -> Dict[str, List[dict]]:
     return dict(out)
 
 
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = (None, "o", "s", "^", "v", "D")
+
+
 def line_styles(groups: Dict[str, List[dict]]) -> Dict[str, tuple]:
-    """(matplotlib colour, line style) per curve_groups line: one colour per kernel (the
-    same in every figure), its temperatures' lines solid, dashed, dotted, dash-dotted."""
+    """(matplotlib colour, line style, marker) per curve_groups line: one colour per kernel
+    (the same in every figure); a kernel's lines, in curve_groups' order (τ ascending,
+    fixed before learned), solid, dashed, dotted, dash-dotted, then the same with
+    markers, so that no two lines look alike."""
     out, used = {}, defaultdict(int)
     for label, rs in groups.items():
-        kernel = rs[0]["kernel"]
-        out[label] = (f"C{KERNEL_ORDER.index(kernel)}", ("-", "--", ":", "-.")[min(used[kernel], 3)])
+        kernel, i = rs[0]["kernel"], used[rs[0]["kernel"]]
+        if i >= len(LINE_STYLES) * len(MARKERS):
+            raise ValueError(f"plot: more than {len(LINE_STYLES) * len(MARKERS)} lines of {kernel}")
+        out[label] = (f"C{KERNEL_ORDER.index(kernel)}", LINE_STYLES[i % len(LINE_STYLES)],
+                      MARKERS[i // len(LINE_STYLES)])
         used[kernel] += 1
     return out
 
@@ -295,11 +304,12 @@ def plot_curves(dirs: List[str], out: str) -> None:
     groups = curve_groups(runs)
     styles = line_styles(groups)
     for k, rs in groups.items():
-        color, style = styles[k]
+        color, style, marker = styles[k]
         n = min(len(r["curve"]) for r in rs)
         x = np.array([p["train_bytes"] for p in rs[0]["curve"][:n]]) / 1e6
         y = np.array([[p["select_nats_per_byte"] for p in r["curve"][:n]] for r in rs])
-        ax.plot(x, y.mean(0), color=color, linestyle=style, label=f"{k} (mean of {len(rs)} seeds)")
+        ax.plot(x, y.mean(0), color=color, linestyle=style, marker=marker, markersize=3,
+                label=f"{k} (mean of {len(rs)} seeds)")
         if len(rs) > 1:
             ax.fill_between(x, y.min(0), y.max(0), color=color, alpha=0.15)
     sel = runs[0]["select"]

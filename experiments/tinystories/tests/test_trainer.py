@@ -243,8 +243,14 @@ def test_curves_are_drawn_per_temperature_where_a_kernel_has_several():
     assert {k: len(v) for k, v in groups.items()} == {
         "continuum": 1, "softmax, tau 0.3": 2, "softmax, tau 0.3 learned": 1, "softmax, tau 1": 1, "focal": 1}
     assert analysis.line_styles(groups) == {
-        "continuum": ("C0", "-"), "softmax, tau 0.3": ("C1", "-"), "softmax, tau 0.3 learned": ("C1", "--"),
-        "softmax, tau 1": ("C1", ":"), "focal": ("C2", "-")}
+        "continuum": ("C0", "-", None), "softmax, tau 0.3": ("C1", "-", None),
+        "softmax, tau 0.3 learned": ("C1", "--", None), "softmax, tau 1": ("C1", ":", None),
+        "focal": ("C2", "-", None)}
+    many = analysis.curve_groups([run("softmax", t / 10) for t in range(1, 8)])
+    looks = list(analysis.line_styles(many).values())
+    assert len(set(looks)) == 7 and looks[4] == ("C1", "-", "o")  # no two lines alike
+    with pytest.raises(ValueError, match="more than 24 lines of softmax"):
+        analysis.line_styles(analysis.curve_groups([run("softmax", t / 100) for t in range(1, 26)]))
 
 
 def test_compare_keeps_settings_apart_and_refuses_duplicates(tmp_path):
