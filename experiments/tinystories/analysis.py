@@ -134,17 +134,17 @@ def slice_stats(runs: List[dict], sl: str) -> dict:
 def compare(runs: List[dict]) -> dict:
     """The runs (load_results) by setting: per slice, slice_stats; training speed and time."""
     table = {}
-    for setting, runs in grouped(runs, setting_of).items():
-        slices = sorted({s for r in runs for s in r["eval"]}, key=lambda s: (s != runs[0]["select"], s))
-        entry = {"select": runs[0]["select"], "slices": {sl: slice_stats(runs, sl) for sl in slices}}
+    for setting, rs in grouped(runs, setting_of).items():
+        slices = sorted({s for r in rs for s in r["eval"]}, key=lambda s: (s != rs[0]["select"], s))
+        entry = {"select": rs[0]["select"], "slices": {sl: slice_stats(rs, sl) for sl in slices}}
         tps = defaultdict(list)
-        for r in runs:
+        for r in rs:
             if r["time"].get("tokens_per_second"):
                 tps[r["kernel"]].append(r["time"]["tokens_per_second"])
         entry["tokens_per_second"] = {k: float(np.median(v)) for k, v in tps.items()}
-        entry["train_seconds_total"] = float(sum(r["time"]["train_seconds"] for r in runs))
+        entry["train_seconds_total"] = float(sum(r["time"]["train_seconds"] for r in rs))
         learned = defaultdict(list)  # kernel -> per seed, τ per layer (learn_temperature)
-        for r in runs:
+        for r in rs:
             if r["config"].get("learn_temperature") and all("tau" in t for t in r.get("temperatures", [{}])):
                 learned[r["kernel"]].append([t["tau"] for t in r["temperatures"]])
         if learned:
@@ -171,10 +171,10 @@ def select_temperatures(runs: List[dict]) -> dict:
     Returns {SELECTED + group: {"select", "candidates": {kernel: {tau: {"n", "mean"}}},
     "chosen": {kernel: tau}, "slices": {test slice: slice_stats}}}."""
     out = {}
-    for group, runs in grouped(runs, group_of, also=("temperature", "learn_temperature")).items():
-        sel = runs[0]["select"]
+    for group, rs in grouped(runs, group_of, also=("temperature", "learn_temperature")).items():
+        sel = rs[0]["select"]
         taus = defaultdict(lambda: defaultdict(dict))  # kernel -> tau_of -> seed -> run
-        for r in runs:
+        for r in rs:
             taus[r["kernel"]][tau_of(r["config"])][r["seed"]] = r
         if all(len(t) < 2 for t in taus.values()):
             continue
