@@ -2,7 +2,9 @@
 
 A slice is ``PATH`` or ``PATH:FROM:TO`` with 0 <= FROM < TO <= 1: the bytes
 [floor(FROM*n), floor(TO*n)) of the file (TO = 1 means the end); several
-``+``-joined specs are concatenated (``train.txt+train-extra.txt``).
+``+``-joined specs are concatenated (``train.txt+train-extra.txt``). A run's
+training text, selection slice and test slices share no byte of a file
+(check_disjoint; test slices may overlap one another).
 Evaluation (the metric of docs/MATH.md §9, identical in continuum-lm): a slice of
 n bytes has n - 1 predictions (byte t+1 from bytes <= t); they are covered by
 consecutive non-overlapping windows of `context` inputs (the last one shorter),
@@ -22,6 +24,9 @@ import torch
 class Slice:
     spec: str
     data: torch.Tensor  # uint8 [n]
+    # The bytes [lo, hi) of each part, the file named by its (device, inode): the
+    # same file under another path or link is the same file (check_disjoint).
+    parts: Tuple[Tuple[Tuple[int, int], int, int], ...] = ()
 
     @property
     def label(self) -> str:
@@ -48,7 +53,7 @@ def _parse(spec: str) -> Tuple[str, float, float]:
 
 
 def load_slice(spec: str) -> Slice:
-    chunks = []
+    chunks, parts = [], []
     for one in spec.split("+"):
         path, a, b = _parse(one)
         if os.path.isdir(path):
@@ -65,7 +70,28 @@ def load_slice(spec: str) -> Slice:
         if hi <= lo:
             raise ValueError(f"data: slice {one!r} of a {n}-byte file is empty")
         chunks.append(raw[lo:hi])
-    return Slice(spec, torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8))
+        st = os.stat(path)
+        parts.append(((st.st_dev, st.st_ino), lo, hi))
+    return Slice(spec, torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8), tuple(parts))
+
+
+def check_disjoint(train: Slice, select: Slice, tests: List[Slice]) -> None:
+    """Raise ValueError when the training text shares a byte of a file with the
+    selection or a test slice, or the selection slice with a test slice (docs/MATH.md
+    §9: held-out text is held out). Test slices may overlap one another."""
+    roles = [("the training text", train), ("the selection slice", select)]
+    roles += [("the test slice", t) for t in tests]
+    for i, (name_a, a) in enumerate(roles):
+        for name_b, b in roles[i + 1:]:
+            if name_a == name_b == "the test slice":
+                continue
+            for file_a, lo_a, hi_a in a.parts:
+                for file_b, lo_b, hi_b in b.parts:
+                    lo, hi = max(lo_a, lo_b), min(hi_a, hi_b)
+                    if file_a == file_b and lo < hi:
+                        raise ValueError(f"data: {name_b} {b.spec!r} overlaps {name_a} {a.spec!r} "
+                                         f"(bytes [{lo}, {hi}) of the same file); held-out text must "
+                                         f"not be trained on, nor tested on after selecting on it")
 
 
 class BatchSampler:

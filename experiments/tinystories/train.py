@@ -36,7 +36,7 @@ from continuum_attention import cpu_model
 from tqdm import tqdm
 
 from config import Config
-from data import BatchSampler, Slice, eval_windows
+from data import BatchSampler, Slice, check_disjoint, eval_windows
 from model import Decoder
 
 
@@ -199,6 +199,7 @@ def train(cfg: Config, train_data: Slice, select: Slice, tests: List[Slice], out
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     # Before any training: the test slices are scored only at the end.
+    check_disjoint(train_data, select, tests)
     check_scorable(select.data, select.spec, cfg.eval_bytes)
     for s in tests:
         check_scorable(s.data, s.spec)

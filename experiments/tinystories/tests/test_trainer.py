@@ -14,7 +14,7 @@ from scipy import stats
 
 import analysis
 from config import Config, preset
-from data import BatchSampler, eval_windows, load_slice
+from data import BatchSampler, check_disjoint, eval_windows, load_slice
 from model import Decoder
 from train import evaluate, load_checkpoint, save_checkpoint, train
 
@@ -93,6 +93,41 @@ def test_slices_and_errors(tmp_path, text_file):
         small(d_model=33)
     with pytest.raises(ValueError, match="temperature"):
         small(temperature=0.0)
+
+
+def test_held_out_slices_share_no_byte_with_the_training_text_or_each_other(tmp_path, text_file, cli):
+    """A run refuses, before training, a selection or test slice that overlaps the
+    training text, and a test slice that overlaps the selection slice, whatever path
+    names the file; slices that only touch, and test slices among themselves, pass."""
+    link = tmp_path / "link.txt"
+    link.symlink_to(text_file)
+
+    def run(train, select, *tests):
+        argv = ["train", "--preset", "smoke", "--steps", "1", "--threads", "1", "--no-progress",
+                "--train", train, "--select", select, "--out", str(tmp_path / "run")]
+        for t in tests:
+            argv += ["--test", t]
+        return argv
+
+    f = text_file
+    for argv, want in [
+        (run(f"{f}:0.2:1", f"{link}:0.1:0.25", f"{f}:0:0.1"),
+         f"the selection slice '{link}:0.1:0.25' overlaps the training text '{f}:0.2:1'"),
+        (run(f"{f}:0.05:0.1+{f}:0.2:1", f"{f}:0:0.05", f"{f}:0.1:0.3"),
+         f"the test slice '{f}:0.1:0.3' overlaps the training text '{f}:0.05:0.1+{f}:0.2:1'"),
+        (run(f"{f}:0.2:1", f"{f}:0:0.1", f"{f}:0.15:0.2", f"{f}:0.05:0.15"),
+         f"the test slice '{f}:0.05:0.15' overlaps the selection slice '{f}:0:0.1'"),
+        (run(str(link), f"{f}:0:0.1", f"{f}:0.1:0.2"), "overlaps the training text"),
+    ]:
+        assert want in cli_error(cli, *argv)
+    assert not (tmp_path / "run").exists()  # refused before training
+    n = load_slice(f).data.numel()
+    with pytest.raises(ValueError, match=rf"bytes \[{math.floor(0.99 * n)}, {n}\) of the same file"):
+        check_disjoint(load_slice(f"{f}:0.2:1"), load_slice(f"{f}:0:0.2+{link}:0.99:1"), [])
+    check_disjoint(load_slice(f"{f}:0.2:1"), load_slice(f"{f}:0:0.1"),
+                   [load_slice(f"{f}:0.1:0.2"), load_slice(f"{link}:0.1:0.2"), load_slice(f"{f}:0.15:0.2")])
+    cli(run(f"{f}:0.2:1", f"{f}:0:0.1", f"{f}:0.1:0.2", f"{f}:0.1:0.15"))  # touching, not overlapping
+    assert (tmp_path / "run" / "result.json").exists()
 
 
 def test_focal_learns_its_per_token_temperature():
@@ -421,8 +456,8 @@ def test_fewer_than_two_bytes_is_an_error_wherever_evaluate_is_used(tmp_path, te
         msg = cli_error(cli, "eval", "--checkpoint", checkpoint, "--valid", spec, "--threads", "1")
         assert f"slice {spec!r} has fewer than 2 bytes (nothing to score)" in msg
     train = ["train", "--preset", "smoke", "--steps", "1", "--threads", "1", "--no-progress",
-             "--train", text_file, "--select", f"{text_file}:0:0.01", "--test", f"{text_file}:0.01:0.02",
-             "--out", str(tmp_path / "run")]
+             "--train", f"{text_file}:0.2:1", "--select", f"{text_file}:0:0.01",
+             "--test", f"{text_file}:0.01:0.02", "--out", str(tmp_path / "run")]
     msg = cli_error(cli, *train, "--test", str(one))
     assert f"slice {str(one)!r} has fewer than 2 bytes" in msg
     msg = cli_error(cli, *train[:-4], "--select", str(one), *train[-4:])
@@ -435,7 +470,7 @@ def test_fewer_than_two_bytes_is_an_error_wherever_evaluate_is_used(tmp_path, te
 def test_train_zero_steps_prints_the_summary(tmp_path, text_file, cli, capsys):
     out = tmp_path / "run"
     cli(["train", "--preset", "smoke", "--steps", "0", "--threads", "1", "--no-progress",
-         "--train", text_file, "--select", f"{text_file}:0:0.005", "--test", f"{text_file}:0.005:0.01",
+         "--train", f"{text_file}:0.2:1", "--select", f"{text_file}:0:0.005", "--test", f"{text_file}:0.005:0.01",
          "--out", str(out)])
     assert "no training steps" in capsys.readouterr().out
     assert json.loads((out / "result.json").read_text())["time"]["tokens_per_second"] is None
