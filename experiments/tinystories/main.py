@@ -9,7 +9,7 @@ attention in one byte-level decoder, all through continuum_attention.attention.
     python experiments/tinystories/main.py plot-attention --checkpoint A --checkpoint B --out att.png
     python experiments/tinystories/main.py eval    --checkpoint runs/x/model.safetensors
     python experiments/tinystories/main.py generate --checkpoint runs/x/model.safetensors --prompt "Once"
-    torchrun --nproc-per-node 2 experiments/tinystories/main.py train ...   (DDP)
+    python -m torch.distributed.run --standalone --nproc-per-node 2 experiments/tinystories/main.py train ...   (DDP)
 
 See experiments/tinystories/README.md.
 """

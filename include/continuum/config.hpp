@@ -1,7 +1,7 @@
 // continuum — Continuum Attention, a header-only C++17 library.
 // config.hpp: version, host/device macros, the math shim, accumulation types.
-// This is the one header that decides whether code is compiled by nvcc
-// (STYLE.md "Host/device macro").
+// This is the one header that decides whether code is compiled by nvcc: the
+// host/device macros below, and nothing else, tell the two compilers apart.
 #pragma once
 
 #include <cmath>
@@ -34,7 +34,8 @@ inline constexpr int version_major = CONTINUUM_VERSION_MAJOR;
 inline constexpr int version_minor = CONTINUUM_VERSION_MINOR;
 inline constexpr int version_patch = CONTINUUM_VERSION_PATCH;
 
-/// Accumulator type for a storage type (STYLE.md: keep Element apart from Accum).
+/// Accumulator type for a storage type (the element type stored and the type
+/// sums are taken in are kept apart).
 /// float accumulates in float, double in double; 16-bit types (CUDA, and the
 /// CPU's bfloat16 and float16, backends/cpu/storage16.hpp) in float.
 template <class T> struct accum { using type = T; };

@@ -5,8 +5,8 @@
 //
 // Tolerances (tests/cuda/runner.hpp applies them elementwise):
 //  * fp32 arithmetic: |x − ref| ≤ e32 = tol·max|ref| + 2·max|naive32 − ref|,
-//    tol = 1e-5, where naive32 is this same reference run in float (STYLE.md's
-//    flash-attention criterion err(ours) ≤ k·err(naive) + atol, k = 2): the
+//    tol = 1e-5, where naive32 is this same reference run in float (FlashAttention's
+//    test criterion err(ours) ≤ k·err(naive) + atol, k = 2): the
 //    1e-5 term is the bound for well-conditioned inputs; the naive term
 //    admits what fp32 itself cannot resolve (e.g. τ = 1e-3, W12, where scores of
 //    size 1e4 carry absolute errors ~1e-3 in any fp32 code). naive32 forms

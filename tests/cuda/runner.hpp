@@ -190,7 +190,7 @@ Result run_case(const Case& c, Exec& ex, double tol, double storage_tiny = 0) {
   Outputs naive;
   if (fp32) naive = reference<float>(c, in, &o_got);
   Result r;
-  // WithinAbs(0, tiny) near 0 (STYLE.md): a tensor whose reference is exactly
+  // WithinAbs(0, tiny) near 0 (a relative bound means nothing there): a tensor whose reference is exactly
   // 0 (W13: every weight but one underflows) may differ by 1e-30 absolute;
   // fp16 storage adds half its subnormal spacing (storage_tiny = 2^-25).
   const double abs_floor = std::max(1e-30, storage_tiny);

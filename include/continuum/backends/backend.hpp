@@ -1,5 +1,5 @@
-// backends/backend.hpp — compile-time backend selection (STYLE.md, after
-// thrust's device_system): a tag picks the implementation at the call site.
+// backends/backend.hpp — compile-time backend selection (after thrust's
+// device_system): a tag picks the implementation at the call site.
 #pragma once
 
 namespace continuum {

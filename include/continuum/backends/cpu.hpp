@@ -1,5 +1,5 @@
-// backends/cpu.hpp — the CPU backend: attention_impl<cpu_t> (STYLE.md,
-// "Backend selection at compile time").
+// backends/cpu.hpp — the CPU backend: attention_impl<cpu_t>, chosen at compile
+// time by the backend tag (backends/backend.hpp).
 //
 // Every call runs the one tiled kernel family (cpu/tiled.hpp) in the
 // arithmetic that args.compute selects (params.hpp, Compute):

@@ -1,5 +1,5 @@
-// backends/cuda.cuh — the CUDA backend, chosen at compile time (STYLE.md
-// "Backend selection at compile time"). Include it from a .cu file compiled by
+// backends/cuda.cuh — the CUDA backend, chosen at compile time by the backend
+// tag (backends/backend.hpp). Include it from a .cu file compiled by
 // nvcc and link the target continuum::cuda (which defines CONTINUUM_WITH_CUDA):
 //
 //   #include <continuum/backends/cuda.cuh>
