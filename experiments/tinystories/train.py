@@ -96,7 +96,8 @@ def save_checkpoint(model: Decoder, path: str, extra: Optional[dict] = None) -> 
 def load_checkpoint(path: str) -> Decoder:
     """The model of a checkpoint save_checkpoint wrote; ValueError naming `path`
     for a file that is unreadable, truncated, not a continuum-lm checkpoint, or
-    whose tensors do not match its config (missing, unexpected, wrong shape)."""
+    whose tensors do not match its config (missing, unexpected, wrong shape) or
+    hold a NaN or an infinity (as continuum-lm refuses them)."""
     try:
         with safe_open(path, "pt") as f:
             meta = f.metadata() or {}
@@ -119,6 +120,9 @@ def load_checkpoint(path: str) -> Decoder:
         if names:
             raise ValueError(f"{path}: the checkpoint does not match its config: {what} "
                              f"{', '.join(names)}")
+    for k in sorted(tensors):
+        if not torch.isfinite(tensors[k]).all():
+            raise ValueError(f"{path}: tensor {k!r} has a non-finite value")
     model.load_state_dict(tensors)
     return model
 

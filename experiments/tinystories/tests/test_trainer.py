@@ -171,6 +171,14 @@ def test_checkpoint_format_is_what_continuum_lm_reads(tmp_path):
     save_file({"x": torch.zeros(1)}, str(bad))
     with pytest.raises(ValueError, match="not a continuum-lm checkpoint"):
         load_checkpoint(str(bad))
+    from safetensors.torch import load_file
+    for value in (float("nan"), float("inf")):  # was: eval printed nan nats/byte, status 0
+        tensors = load_file(str(tmp_path / "m.safetensors"))
+        tensors["ln_f.bias"][3] = value
+        with safe_open(str(tmp_path / "m.safetensors"), "pt") as f:
+            save_file(tensors, str(bad), metadata=f.metadata())
+        with pytest.raises(ValueError, match=r"tensor 'ln_f.bias' has a non-finite value"):
+            load_checkpoint(str(bad))
 
 
 def fake_run(tmp_path, kernel, seed, nll, tau=0.3, select=None, machine="cpu A", **config):
