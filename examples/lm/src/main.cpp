@@ -3,6 +3,9 @@
 // (experiments/tinystories): evaluate a checkpoint in nats/byte, write one
 // window's logits as .npy, generate text with the KV cache.
 // Subcommands: eval, logits, generate. See examples/lm/README.md.
+// Exit status: 0 success; 2 a bad command line (CLI11's parse errors, an
+// unknown or missing subcommand, an option value out of its range: checked
+// before any file is read); 1 any other error (files, checkpoints, text).
 #include <cmath>
 #include <filesystem>
 #include <iostream>
@@ -23,11 +26,42 @@ namespace {
 #define LM_DEFAULT_DATA_DIR ""
 #endif
 
-/// ../shared/data/tinystories/valid.txt's two halves, when that file exists.
+/// The experiment's slices of ../shared/data/tinystories/valid.txt, when that
+/// file exists: the selection slice [0, 0.2) and the two test slices [0.2, 0.6)
+/// and [0.6, 1) (experiments/tinystories/main.py, DEFAULT_SELECT and
+/// DEFAULT_TESTS), in that order.
 std::vector<std::string> default_valid() {
   const std::string p = std::string(LM_DEFAULT_DATA_DIR) + "/valid.txt";
   if (std::string(LM_DEFAULT_DATA_DIR).empty() || !fs::exists(p)) return {};
-  return {p + ":0:0.5", p + ":0.5:1"};
+  return {p + ":0:0.2", p + ":0.2:0.6", p + ":0.6:1"};
+}
+
+/// A bad command line: exit status 2 (any other error: 1).
+struct UsageError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+constexpr const char* kSubcommands[] = {"eval", "logits", "generate"};
+/// The PyTorch trainer's subcommands that continuum-lm does not have.
+constexpr const char* kTrainerOnly[] = {"train", "sweep", "compare", "plot", "plot-attention"};
+
+/// `word`, the first argument, when it is not a subcommand (nor --help): the
+/// error naming it and the valid ones (CLI11 would only say that a subcommand
+/// is required).
+void check_subcommand(const std::string& word) {
+  if (word == "-h" || word == "--help") return;
+  if (!word.empty() && word[0] == '-')
+    throw UsageError("unknown option '" + word + "' before the subcommand: expected eval, logits or generate");
+  for (const char* s : kSubcommands)
+    if (word == s) return;
+  std::string msg = "unknown subcommand '" + word + "': expected eval, logits or generate";
+  for (const char* t : kTrainerOnly)
+    if (word == t) msg += "; '" + word + "' is the PyTorch trainer's: experiments/tinystories/main.py " + word;
+  throw UsageError(msg);
+}
+
+void check_threads(int n) {
+  if (n < 0) throw UsageError("--threads " + std::to_string(n) + ": must be >= 0 (0 = the runtime's default)");
 }
 
 /// Fails now, before the work, where `path` cannot be written later (no such
@@ -54,6 +88,8 @@ int main(int argc, char** argv) {
   CLI::App app{"continuum-lm: CPU inference for the byte-level LM (continuum, softmax or focal "
                "attention) of a PyTorch-trained checkpoint (MATH.md §9)"};
   app.require_subcommand(1);
+  app.footer("Exit status: 0 success, 2 a bad command line (unknown subcommand or option, bad or out-of-range\n"
+             "value), 1 any other error (files, checkpoints, text).");
 
   // eval
   auto* eval = app.add_subcommand("eval", "mean NLL in nats/byte of a checkpoint on text slices");
@@ -62,7 +98,10 @@ int main(int argc, char** argv) {
   EvalOptions eo;
   int eval_threads = 0;
   eval->add_option("--checkpoint", eval_ckpt, "model.safetensors")->required();
-  eval->add_option("--valid", eval_valid, "text slices, repeatable (PATH or PATH:FROM:TO)")
+  eval->add_option("--valid", eval_valid,
+                   "text slices, repeatable (PATH or PATH:FROM:TO); default: the experiment's selection slice "
+                   "valid.txt:0:0.2 and test slices valid.txt:0.2:0.6, valid.txt:0.6:1 of " LM_DEFAULT_DATA_DIR
+                   " when it exists")
       ->capture_default_str();
   eval->add_option("--stride", eo.stride,
                    "window stride in bytes (0 = context: non-overlapping windows)")
@@ -97,12 +136,36 @@ int main(int argc, char** argv) {
   gen->add_option("--seed", gen_seed, "sampling seed")
       ->capture_default_str()
       ->check(attn::in_range_of_64_bits<std::uint64_t>());
-  gen->add_option("--threads", gen_threads, "OpenMP threads")->capture_default_str();
+  gen->add_option("--threads", gen_threads, "OpenMP threads (0 = the runtime's default)")->capture_default_str();
 
   try {
+    if (argc > 1) check_subcommand(argv[1]);
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+    // Option values out of their range: usage errors, before any file is read.
+    if (*eval) {
+      check_threads(eval_threads);
+      if (eo.stride < 0) throw UsageError("eval: --stride " + std::to_string(eo.stride) + ": must be >= 0");
+      if (eo.eval_batch < 1) throw UsageError("eval: --eval-batch must be >= 1");
+    } else if (*lg) {
+      check_threads(lg_threads);
+    } else if (*gen) {
+      check_threads(gen_threads);
+      if (prompt.empty()) throw UsageError("generate: the prompt must not be empty");
+      if (!(std::isfinite(sample_t) && sample_t >= 0))
+        throw UsageError("generate: --sample-temperature must be finite and >= 0");
+      if (gen_bytes < 0) throw UsageError("generate: --bytes must be >= 0");
+      if (top_k < 0) throw UsageError("generate: --top-k must be >= 0");
+    }
+  } catch (const CLI::Success& e) {  // --help
     return app.exit(e);
+  } catch (const CLI::ParseError& e) {  // one line, status 2, like the tool's own usage errors
+    std::string what = e.what();
+    if (what == "A subcommand is required") what = "a subcommand is required: eval, logits or generate";
+    std::cerr << "continuum-lm: error: " << what << " (see --help)\n";
+    return 2;
+  } catch (const UsageError& e) {
+    std::cerr << "continuum-lm: error: " << e.what() << " (see --help)\n";
+    return 2;
   }
 
   try {
@@ -111,10 +174,9 @@ int main(int argc, char** argv) {
         throw std::runtime_error("eval: no --valid given and ../shared/data/tinystories/valid.txt is absent");
       if (!eval_json.empty()) check_writable(eval_json);
       Model<float> model = load_checkpoint(eval_ckpt);
-      if (eo.stride < 0 || eo.stride > model.config().context)
+      if (eo.stride > model.config().context)
         throw std::invalid_argument("eval: --stride " + std::to_string(eo.stride) + " outside [0, context=" +
                                     std::to_string(model.config().context) + "]");
-      if (eo.eval_batch < 1) throw std::invalid_argument("eval: --eval-batch must be >= 1");
       set_threads(eval_threads);
       model.set_num_threads(eval_threads);
       nlohmann::json out = describe(eval_ckpt, model);

@@ -5,6 +5,7 @@
 // random weights (eval --json, logits .npy, generate), plus its errors.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +27,7 @@
 namespace fs = std::filesystem;
 using namespace lm;
 using Catch::Contains;
+using Catch::StartsWith;
 
 namespace {
 
@@ -632,7 +634,8 @@ TEST_CASE("continuum-lm generate: greedy = argmax of the full forward, sampling 
   CHECK_THROWS_WITH(generate(m, prompt, 5, -1.0, 0, 0), Contains("sample-temperature"));
 }
 
-TEST_CASE("continuum-lm: bad inputs give a one-line error naming the file and exit 1", "[cli]") {
+TEST_CASE("continuum-lm: bad inputs give a one-line error naming the file and exit 1 (2 for a bad command line)",
+          "[cli]") {
   const auto dir = temp_dir("cli-errors");
   Model<float> m = random_model(small("softmax"), 41);
   const std::string ckpt = (dir / "model.safetensors").string();
@@ -641,35 +644,107 @@ TEST_CASE("continuum-lm: bad inputs give a one-line error naming the file and ex
   write(dir / "ok.txt", "hello, world");
   write(dir / "empty.txt", "");
   const std::string e = "eval --checkpoint " + ckpt + " --valid ";
-  struct Case { std::string args, message; };
+  struct Case { std::string args, message; int status = 1; };
   for (const Case& k : {
            Case{e + (dir / "missing.txt").string(), "data: cannot open '" + (dir / "missing.txt").string() + "'"},
            Case{e + (dir / "empty.txt").string(), "empty.txt' is empty"},
            Case{e + (dir / "one.txt").string(), "one.txt' has fewer than 2 bytes"},
            Case{e + (dir / "ok.txt").string() + ":0.5:0.2", "bad range"},
            Case{e + (dir / "ok.txt").string() + " --stride 25", "--stride 25 outside [0, context=24]"},
-           Case{e + (dir / "ok.txt").string() + " --eval-batch 0", "--eval-batch must be >= 1"},
+           Case{e + (dir / "ok.txt").string() + " --eval-batch 0", "--eval-batch must be >= 1", 2},
+           Case{e + (dir / "ok.txt").string() + " --stride -1", "--stride -1: must be >= 0", 2},
            Case{"eval --checkpoint " + (dir / "ok.txt").string() + " --valid " + (dir / "ok.txt").string(),
                 "checkpoint '" + (dir / "ok.txt").string() + "'"},
            Case{"logits --checkpoint " + ckpt + " --text-file " + (dir / "empty.txt").string() + " --out " +
                     (dir / "l.npy").string(), "is empty"},
            Case{"logits --checkpoint " + ckpt + " --text-file " + (dir / "ok.txt").string() + " --out " +
                     (dir / "no-such-folder" / "l.npy").string(), "l.npy"},
-           Case{"generate --checkpoint " + ckpt + " --prompt ''", "prompt must not be empty"},
+           Case{"generate --checkpoint " + ckpt + " --prompt ''", "prompt must not be empty", 2},
+           Case{"generate --checkpoint " + ckpt + " --bytes -1", "--bytes must be >= 0", 2},
+           Case{"generate --checkpoint " + ckpt + " --top-k -1", "--top-k must be >= 0", 2},
+           Case{"generate --checkpoint " + ckpt + " --sample-temperature -1", "--sample-temperature must be", 2},
        }) {
     INFO(k.args);
     const Run r = run_lm(k.args, dir);
-    CHECK(r.status == 1);
+    CHECK(r.status == k.status);
     CHECK_THAT(r.err, Contains("continuum-lm: error: ") && Contains(k.message));
     CHECK(r.out.empty());
   }
   CHECK_FALSE(fs::exists(dir / "l.npy"));
-  // The training subcommands are gone (the PyTorch trainer has them), not ignored.
+  // The training subcommands are gone (the PyTorch trainer has them), not
+  // ignored: an unknown subcommand is named, with the valid ones (was: CLI11's
+  // "A subcommand is required", though a word was given).
   for (const char* removed : {"train", "sweep", "compare", "plot", "plot-attention"}) {
     const Run r = run_lm(std::string(removed) + " " + (dir / "runs").string(), dir);
-    CHECK(r.status != 0);
-    CHECK_THAT(r.err, Contains("A subcommand is required"));
+    CHECK(r.status == 2);
+    CHECK_THAT(r.err, StartsWith("continuum-lm: error: unknown subcommand '" + std::string(removed) + "'") &&
+                          Contains("expected eval, logits or generate") &&
+                          Contains("experiments/tinystories/main.py " + std::string(removed)));
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   }
+  for (const char* word : {"bogus", "Eval", "evaluate"}) {
+    const Run r = run_lm(word, dir);
+    CHECK(r.status == 2);
+    CHECK_THAT(r.err, StartsWith("continuum-lm: error: unknown subcommand '" + std::string(word) + "'") &&
+                          Contains("expected eval, logits or generate") && !Contains("main.py"));
+  }
+}
+
+TEST_CASE("continuum-lm: a bad command line is one line 'continuum-lm: error: ...', exit 2", "[cli]") {
+  const auto dir = temp_dir("cli-usage");
+  Model<float> m = random_model(small("softmax"), 43);
+  const std::string ckpt = (dir / "model.safetensors").string();
+  save_checkpoint(ckpt, m);
+  write(dir / "ok.txt", "hello, world");
+  const std::string ok = (dir / "ok.txt").string();
+  struct Case { std::string args, message; };
+  for (const Case& k : {
+           Case{"", "a subcommand is required: eval, logits or generate"},
+           Case{"--bogus", "unknown option '--bogus'"},
+           Case{"eval", "--checkpoint is required"},
+           Case{"eval --checkpoint " + ckpt + " --valid " + ok + " --bogus", "--bogus"},
+           Case{"eval --checkpoint " + ckpt + " --valid " + ok + " --threads abc", "--threads"},
+           // The tool's own check, not the library's "num_threads: must be >= 0".
+           Case{"eval --checkpoint " + ckpt + " --valid " + ok + " --threads -2", "--threads -2: must be >= 0"},
+           Case{"logits --checkpoint " + ckpt + " --text-file " + ok + " --out " + (dir / "l.npy").string() +
+                    " --threads -2", "--threads -2: must be >= 0"},
+           Case{"generate --checkpoint " + ckpt + " --threads -2", "--threads -2: must be >= 0"},
+       }) {
+    INFO(k.args);
+    const Run r = run_lm(k.args, dir);
+    CHECK(r.status == 2);
+    CHECK_THAT(r.err, StartsWith("continuum-lm: error: ") && Contains(k.message) && !Contains("continuum::"));
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK(r.out.empty());
+  }
+  CHECK_FALSE(fs::exists(dir / "l.npy"));
+  const Run h = run_lm("--help", dir);
+  CHECK(h.status == 0);
+  CHECK_THAT(h.out, Contains("Exit status"));
+}
+
+TEST_CASE("continuum-lm eval: the default slices are the experiment's selection and test slices of valid.txt", "[cli]") {
+  const auto dir = temp_dir("cli-default-valid");
+  const Run h = run_lm("eval --help", dir);
+  REQUIRE(h.status == 0);
+  CHECK_THAT(h.out, Contains("valid.txt:0:0.2") && Contains("valid.txt:0.2:0.6") && Contains("valid.txt:0.6:1") &&
+                        !Contains("0:0.5") && !Contains("0.5:1"));
+  Model<float> m = random_model(small("softmax"), 47);
+  const std::string ckpt = (dir / "model.safetensors").string();
+  save_checkpoint(ckpt, m);
+  const Run r = run_lm("eval --checkpoint " + ckpt + " --threads 1 --eval-batch 64", dir);
+  if (r.status == 1 && r.err.find("is absent") != std::string::npos) {
+    WARN("../shared/data/tinystories/valid.txt is absent: the default slices are not run");
+    return;
+  }
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j["valid"].size() == 3);
+  const char* labels[3] = {"valid.txt[0,0.2)", "valid.txt[0.2,0.6)", "valid.txt[0.6,1)"};
+  for (int i = 0; i < 3; ++i) CHECK(j["valid"][i]["label"] == labels[i]);
+  CHECK(j["valid"][0]["byte_begin"] == 0);
+  CHECK(j["valid"][0]["byte_end"] == j["valid"][1]["byte_begin"]);
+  CHECK(j["valid"][1]["byte_end"] == j["valid"][2]["byte_begin"]);
 }
 
 TEST_CASE("continuum-lm: outputs never replace a FIFO or a symbolic link, and are checked before the work",
