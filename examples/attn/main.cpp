@@ -24,7 +24,10 @@
 // are never written below float32. Any error: one line on stderr naming the
 // file and the problem, exit status 1 (2 for a bad command line), and no
 // output file written (all outputs go to temporary names and are renamed into
-// place only when every one is written).
+// place only when every one is written). After a successful run, the files of
+// the fixed output names (o, lse, dq, dk, dv, dtemp, p, pi .npy) that this run
+// did not write are removed from the folder, so that it holds exactly this
+// run's outputs (an earlier run's dq.npy is not read as this one's).
 #include <continuum/continuum.hpp>
 
 #include <CLI/CLI.hpp>
@@ -351,6 +354,31 @@ std::vector<std::size_t> shape_of(const Dims& d, bool four) {
   return {std::size_t(d.s), std::size_t(d.d)};
 }
 
+/// Every output file name the tool writes, with any options.
+constexpr const char* kOutputNames[] = {"o.npy",  "lse.npy",   "dq.npy", "dk.npy",
+                                        "dv.npy", "dtemp.npy", "p.npy",  "pi.npy"};
+
+/// After a successful run: removes from `out_dir` those of the tool's output
+/// names that this run did not write (an earlier run's dq.npy beside this
+/// run's o.npy would be read as this run's), so that the folder holds exactly
+/// this run's outputs. Only those names, and only a regular file or a
+/// symbolic link (the link, not the file it names); anything else in the
+/// folder is left alone.
+void remove_stale_outputs(const std::string& out_dir, const std::vector<std::pair<std::string, std::string>>& written) {
+  namespace fs = std::filesystem;
+  for (const char* name : kOutputNames) {
+    if (std::any_of(written.begin(), written.end(), [&](const auto& f) { return f.first == name; })) continue;
+    const fs::path path = fs::path(out_dir) / name;
+    std::error_code ec;
+    const fs::file_status st = fs::symlink_status(path, ec);
+    if (!fs::is_regular_file(st) && !fs::is_symlink(st)) continue;
+    fs::remove(path, ec);
+    if (ec)
+      throw attn::NpyError(path.string(), "this run's outputs are written, but this output of an earlier run "
+                                          "cannot be removed: " + ec.message());
+  }
+}
+
 template <class T>
 void print_rows(const char* name, const std::vector<T>& x, index_t rows, index_t cols,
                 index_t limit) {
@@ -464,6 +492,7 @@ std::vector<std::string> compute(const Problem& p, const std::string& out_dir, i
     written.push_back(path);
   }
   writer.commit();
+  remove_stale_outputs(out_dir, files);
 
   if (print > 0) {
     std::printf("first rows of batch 0, head 0 (lse is the natural log of Z):\n");
@@ -524,7 +553,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{
       "continuum-attn: continuum / softmax / focal attention on .npy files (MATH.md §4-§6).\n"
-      "Writes o.npy and lse.npy, and with --do also dq.npy, dk.npy, dv.npy, dtemp.npy.\n"
+      "Writes o.npy and lse.npy, with --do also dq.npy, dk.npy, dv.npy, dtemp.npy, with --probs p.npy, pi.npy.\n"
       "Any error: one line naming the file, exit status 1 (2 for a bad option value),\n"
       "and no output file written."};
   app.option_defaults()->always_capture_default();
@@ -532,7 +561,10 @@ int main(int argc, char** argv) {
   app.add_option("--k", o.k, "key .npy: [seq_k, dim] or [batch, kv_heads, seq_k, dim]");
   app.add_option("--v", o.v, "value .npy: [seq_k, dim_v] or [batch, kv_heads, seq_k, dim_v]");
   app.add_option("--do", o.dout, "output gradient .npy (shape of o): also run the backward");
-  app.add_option("--out", o.out, "output folder (created if missing)");
+  app.add_option("--out", o.out,
+                 "output folder (created if missing); after a successful run it holds exactly this run's "
+                 "outputs: files of an earlier run named o, lse, dq, dk, dv, dtemp, p or pi .npy that this "
+                 "run does not write are removed (nothing else is touched; a failed run changes nothing)");
   app.add_option("--kernel", o.kernel, "continuum | softmax | focal")
       ->check(CLI::IsMember({"continuum", "softmax", "focal"}));
   app.add_option("--temperature", o.temperature,

@@ -840,3 +840,67 @@ TEST_CASE("outputs: unique temporaries, concurrent runs and leftovers of killed 
   write_file(dir / "plain", "x");
   CHECK(fs::status(dir / "out/o.npy").permissions() == fs::status(dir / "plain").permissions());
 }
+
+TEST_CASE("the output folder holds exactly this run's outputs: an earlier run's other outputs are removed",
+          "[cli]") {
+  const fs::path dir = scratch("stale");
+  const std::string d = dir.string();
+  REQUIRE(run_tool(dir, "--make-example " + d + "/in --example-shape 1 2 5 6 4").rc == 0);
+  const std::string inputs = "--q " + d + "/in/q.npy --k " + d + "/in/k.npy --v " + d + "/in/v.npy";
+  const std::vector<std::string> all{"o.npy", "lse.npy", "dq.npy", "dk.npy", "dv.npy", "dtemp.npy", "p.npy", "pi.npy"};
+  const std::vector<std::string> forward{"lse.npy", "o.npy"};  // sorted
+  auto entries = [](const fs::path& p) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(p)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  // The caller's own files in the folder, some with names like the outputs'.
+  fs::create_directories(dir / "out");
+  const std::vector<std::string> user{"notes.txt", "dq.npy.bak", ".dk.npy.keep", "DQ.npy", "q.npy"};
+  for (const auto& u : user) write_file(dir / "out" / u, "user's " + u);
+  // Run 1: gradients and probabilities, continuum.
+  const Run r1 = run_tool(dir, inputs + " --do " + d + "/in/do.npy --probs --kernel continuum --out " + d + "/out");
+  INFO("run 1 stderr: " << r1.err);
+  REQUIRE(r1.rc == 0);
+  for (const auto& n : all) CHECK(fs::is_regular_file(dir / "out" / n));
+  // A failed run changes nothing: the missing input, then a bad command line.
+  const std::string before = read_file(dir / "out/dq.npy"), o_run1 = read_file(dir / "out/o.npy");
+  for (const std::string& bad : {"--q " + d + "/in/missing.npy --k " + d + "/in/k.npy --v " + d + "/in/v.npy",
+                                 inputs + " --kernel foo"}) {
+    const Run f = run_tool(dir, bad + " --out " + d + "/out");
+    INFO(bad << " stderr: " << f.err);
+    CHECK(f.rc != 0);
+    for (const auto& n : all) CHECK(fs::is_regular_file(dir / "out" / n));
+    CHECK(read_file(dir / "out/dq.npy") == before);
+  }
+  // A stale output that is a symbolic link: the link goes, the file it names stays.
+  write_file(dir / "elsewhere.npy", "the caller's file");
+  fs::remove(dir / "out/dtemp.npy");
+  fs::create_symlink(dir / "elsewhere.npy", dir / "out/dtemp.npy");
+  // Run 2: forward only, softmax (a different o); the reference: the same run into a new folder.
+  const std::string run2 = inputs + " --kernel softmax --out ";
+  const Run solo = run_tool(dir, run2 + d + "/solo");
+  REQUIRE(solo.rc == 0);
+  CHECK(entries(dir / "solo") == forward);
+  const Run r2 = run_tool(dir, run2 + d + "/out");
+  INFO("run 2 stderr: " << r2.err);
+  REQUIRE(r2.rc == 0);
+  for (const auto& n : all) {
+    INFO(n);
+    const bool kept = std::find(forward.begin(), forward.end(), n) != forward.end();
+    CHECK(fs::exists(fs::symlink_status(dir / "out" / n)) == kept);
+    if (kept) CHECK(read_file(dir / "out" / n) == read_file(dir / "solo" / n));
+  }
+  CHECK(read_file(dir / "out/o.npy") != o_run1);  // the new o, not run 1's
+  for (const auto& u : user) CHECK(read_file(dir / "out" / u) == "user's " + u);
+  std::vector<std::string> want = user;
+  want.insert(want.end(), forward.begin(), forward.end());
+  std::sort(want.begin(), want.end());
+  CHECK(entries(dir / "out") == want);
+  CHECK(read_file(dir / "elsewhere.npy") == "the caller's file");
+  // A folder with an output's name is not a file of an earlier run: left alone.
+  fs::create_directories(dir / "out/p.npy/inside");
+  REQUIRE(run_tool(dir, run2 + d + "/out").rc == 0);
+  CHECK(fs::is_directory(dir / "out/p.npy/inside"));
+}
