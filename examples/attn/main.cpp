@@ -220,7 +220,7 @@ Problem validate(const Options& o) {
       throw UsageError("--temperature must be finite and > 0, got " + o.temperature);
   } else {
     if (!std::filesystem::exists(o.temperature))
-      throw UsageError("--temperature '" + o.temperature + "' is neither a number nor a .npy file");
+      throw UsageError("--temperature '" + o.temperature + "' is neither a number nor an existing .npy file");
     const Array t = attn::load(o.temperature);
     if (!t.is_real()) throw NpyError(t.path, "temperature must be float16, float32 or float64");
     const std::size_t n = t.size();
@@ -240,7 +240,7 @@ Problem validate(const Options& o) {
                                              ",) or [batch, heads, seq] = (" +
                                              std::to_string(p.dq.b) + ", " + std::to_string(p.dq.h) +
                                              ", " + std::to_string(p.dq.s) + ")"
-                                       : "or [seq] = (" + std::to_string(p.dq.s) + ",)"));
+                                       : "or (1,) or [seq] = (" + std::to_string(p.dq.s) + ",)"));
     }
     p.tau = t.real;
     for (std::size_t i = 0; i < p.tau.size(); ++i)

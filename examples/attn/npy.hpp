@@ -277,6 +277,7 @@ struct Header {
 /// numpy.org/doc/stable/reference/generated/numpy.lib.format.html).
 inline Header parse_header(const std::string& bytes, const std::string& path) {
   static const char magic[] = "\x93NUMPY";
+  if (bytes.empty()) throw NpyError(path, "empty file (0 bytes), not a .npy file");
   if (bytes.size() < 10 || bytes.compare(0, 6, magic, 6) != 0)
     throw NpyError(path, "not a .npy file (bad magic bytes)");
   const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(bytes[i]); };

@@ -598,7 +598,7 @@ TEST_CASE("bad input: one line naming the file, non-zero exit, no output written
       {"truncated data", [&](const fs::path& d) { cut(d / "k.npy", 3); }, "", "k.npy"},
       {"truncated header", [&](const fs::path& d) { write_file(d / "q.npy", read_file(d / "q.npy").substr(0, 40)); }, "", "q.npy"},
       {"bad magic", [&](const fs::path& d) { write_file(d / "v.npy", "PK\x03\x04 not numpy at all"); }, "", "v.npy"},
-      {"empty file", [&](const fs::path& d) { write_file(d / "v.npy", ""); }, "", "v.npy"},
+      {"empty file", [&](const fs::path& d) { write_file(d / "v.npy", ""); }, "", "v.npy: empty file (0 bytes)"},
       {"trailing bytes", [&](const fs::path& d) { write_file(d / "q.npy", read_file(d / "q.npy") + "xx"); }, "", "q.npy"},
       {"negative shape", [&](const fs::path& d) { write_file(d / "q.npy", npy_raw("<f8", false, "(-3, 4)", std::string(96, '\0'))); }, "", "q.npy"},
       {"garbage shape", [&](const fs::path& d) { write_file(d / "q.npy", npy_raw("<f8", false, "(x, 4)", std::string(96, '\0'))); }, "", "q.npy"},
@@ -615,6 +615,8 @@ TEST_CASE("bad input: one line naming the file, non-zero exit, no output written
       {"tau < 0", [](const fs::path&) {}, "--temperature -1", "--temperature"},
       {"tau file with a zero", [&](const fs::path& d) { write_file(d / "tau.npy", npy_bytes<double>({1, 0, 1}, {3})); }, "--temperature DIR/tau.npy", "tau.npy"},
       {"tau file with a NaN", [&](const fs::path& d) { write_file(d / "tau.npy", npy_bytes<double>({1, std::nanl(""), 1}, {3})); }, "--temperature DIR/tau.npy", "tau.npy"},
+      {"tau file missing", [](const fs::path&) {}, "--temperature DIR/nope.npy", "nope.npy' is neither a number nor an existing .npy file"},
+      {"tau file of a wrong shape", [&](const fs::path& d) { write_file(d / "tau.npy", npy_bytes<double>({1, 1}, {2})); }, "--temperature DIR/tau.npy", "tau.npy: temperature shape (2,), expected () or (1,) or [seq] = (3,)"},
       // float32, bfloat16 and float16 storage have a float32 temperature: a
       // value float32 cannot hold is named as given (was: the library's
       // "got 0" or "got inf", exit 1, naming neither option nor file).
