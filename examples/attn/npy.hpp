@@ -302,11 +302,15 @@ inline Header parse_header(const std::string& bytes, const std::string& path) {
   const std::string dict = bytes.substr(off, len);
   const HeaderParser::Dict d = HeaderParser(dict, path).parse();
 
+  // Which dtypes the reader accepts, by role (the roles' own checks say the same).
+  static const std::string kDtypesAccepted =
+      "queries, keys, values, dO and temperatures are float16, float32 or float64; "
+      "--ranges files int32 or int64";
   Header h;
   static const std::regex descr_re(R"(^([<>|=]?)([a-zA-Z])(\d+)$)");
   std::smatch m;
   if (!std::regex_match(d.descr, m, descr_re))
-    throw NpyError(path, "unsupported dtype '" + d.descr + "' (need float16, float32, float64, int32 or int64)");
+    throw NpyError(path, "unsupported dtype '" + d.descr + "' (" + kDtypesAccepted + ")");
   const std::string order = m[1], kind = m[2], width = m[3];
   if (order == ">") throw NpyError(path, "big-endian data is not supported; use '<' (little-endian)");
   if (kind == "f" && width == "2") h.dtype = DType::f16;
@@ -315,7 +319,7 @@ inline Header parse_header(const std::string& bytes, const std::string& path) {
   else if (kind == "i" && width == "4") h.dtype = DType::i32;
   else if (kind == "i" && width == "8") h.dtype = DType::i64;
   else
-    throw NpyError(path, "unsupported dtype '" + d.descr + "' (need float16, float32, float64, int32 or int64)");
+    throw NpyError(path, "unsupported dtype '" + d.descr + "' (" + kDtypesAccepted + ")");
   h.fortran_order = d.fortran_order;
   h.shape = d.shape;
 

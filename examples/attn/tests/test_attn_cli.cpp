@@ -605,6 +605,8 @@ TEST_CASE("bad input: one line naming the file, non-zero exit, no output written
       {"header over 10000 bytes", [&](const fs::path& d) { write_file(d / "q.npy", npy_raw("<f8", false, "(3, 4)", std::string(96, '\0'), 60032)); }, "", "q.npy"},
       {"big-endian", [&](const fs::path& d) { write_file(d / "k.npy", npy_raw(">f8", false, "(5, 4)", std::string(160, '\0'))); }, "", "k.npy"},
       {"integer query", [&](const fs::path& d) { write_file(d / "q.npy", npy_bytes<std::int64_t>(q, {3, 4})); }, "", "q.npy"},
+      {"complex query", [&](const fs::path& d) { write_file(d / "q.npy", npy_raw("<c8", false, "(3, 4)", std::string(96, '\0'))); }, "",
+       "q.npy: unsupported dtype '<c8' (queries, keys, values, dO and temperatures are float16, float32 or float64; --ranges files int32 or int64)"},
       {"3-D query", [&](const fs::path& d) { write_file(d / "q.npy", npy_bytes<double>(q, {1, 3, 4})); }, "", "q.npy"},
       {"head_dim mismatch", [&](const fs::path& d) { write_file(d / "k.npy", npy_bytes<double>(std::vector<ld>(15, 0), {5, 3})); }, "", "k.npy"},
       {"value seq_len mismatch", [&](const fs::path& d) { write_file(d / "v.npy", npy_bytes<double>(std::vector<ld>(8, 0), {4, 2})); }, "", "v.npy"},
