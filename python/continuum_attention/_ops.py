@@ -30,7 +30,8 @@ def cpu_isa() -> str:
     first call (the environment variable ``CONTINUUM_CPU_ISA`` may name another
     one the CPU runs), without
     any ``-march`` flag at build time (docs/MATH.md §10, "Instruction sets").
-    Raises ValueError when CONTINUUM_CPU_ISA names one this CPU cannot run."""
+    Raises ValueError when CONTINUUM_CPU_ISA names an unknown instruction set
+    or one this CPU cannot run."""
     return _C.cpu_isa()
 
 
@@ -275,12 +276,18 @@ def attention(
 
     Raises:
         ValueError: wrong ranks, mismatched shapes/heads, non-contiguous last
-            axis, τ ≤ 0 or non-finite, scale ≤ 0, ranges out of [0, Lk] or
-            lo > hi, unknown kernel, mixed devices or dtypes, unsupported dtype
-            (e.g. float64 on CUDA, integers), an unknown ``compute``,
-            ``compute="float32"`` with float64 storage, ``compute="float64"``
-            on CUDA. Messages from the C++ library start
-            with "continuum::attention_forward:" and name the argument.
+            axis, τ ≤ 0 or non-finite, a temperature outside float32's range
+            with 16-bit or float32 storage, a temperature tensor of another
+            dtype or shape than documented, scale ≤ 0 or non-finite, ranges
+            that are not integer tensors of shape [B, Lq], out of [0, Lk] or
+            with lo > hi, window bounds beyond 64 bits, unknown kernel, mixed
+            devices or dtypes, unsupported dtype (e.g. float64 on CUDA,
+            integers), an unknown ``compute``, ``compute="float32"`` with
+            float64 storage, ``compute="float64"`` on CUDA. The wrapper's
+            messages start with "continuum_attention:", the C++ library's
+            with "continuum::attention_forward:" or
+            "continuum::attention_backward:" ("continuum::attention_forward(cuda):"
+            on CUDA); each names the argument.
         TypeError: a non-tensor query/key/value, or a bad option type: a
             non-bool ``causal``, a ``window`` that is not two ints, ``ranges``
             that are not two tensors, a non-number ``scale`` or

@@ -13,7 +13,7 @@ int main() {  // causal continuum attention, batch 1, 2 heads, 6 tokens, head_di
   args.key = View::bhsd(k.data(), B, H, L, D);
   args.value = View::bhsd(v.data(), B, H, L, D);
   args.out = continuum::TensorView<double>::bhsd(o.data(), B, H, L, D);
-  args.lse = lse.data();                           // log Z per query, for the backward
+  args.lse = lse.data();                           // log Z per query (natural log); optional
   args.temperature.value = 0.3;                    // tau > 0 (MATH.md §1)
   args.visibility.causal = true;                   // bottom-right aligned (MATH.md §3)
   continuum::attention_forward(continuum::cpu, args);

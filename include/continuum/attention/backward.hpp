@@ -45,7 +45,9 @@ namespace continuum {
 /// \throws std::invalid_argument as attention_forward, for every argument,
 ///         and when an output shares an element with an input or another
 ///         output (views, lse, temperature, ranges, dτ; outputs may interleave,
-///         e.g. dQ, dK, dV as views of one packed gradient buffer).
+///         e.g. dQ, dK, dV as views of one packed gradient buffer); on the
+///         CPU, when given row_stats name a reference key outside their row's
+///         visible keys (statistics of another call).
 /// \note Zero sizes: with B, Hq or Lq = 0 (also Hq = Hk = 0) nothing is
 ///       attended and dK, dV, dτ are zero, written without calling a kernel.
 /// \note Deterministic: bitwise identical for any thread count (query blocks

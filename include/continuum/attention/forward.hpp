@@ -59,7 +59,12 @@ namespace continuum {
 ///         scale 1/sqrt(D); on the CUDA backend with a float accumulator,
 ///         scale or scale / τ beyond FLT_MAX (its kernels form it in float;
 ///         the CPU computes such rows in double, MATH.md §10); compute
-///         float32 with double storage.
+///         float32 with double storage; a kernel or compute value outside its
+///         enum; range_lo without range_hi or the reverse; row_stats with
+///         one of its two arrays null; on the CPU, a CONTINUUM_CPU_ISA that
+///         names an unknown instruction set or one this CPU cannot run
+///         (backends/cpu/dispatch.hpp), and double storage whose raw scores
+///         exceed DBL_MAX where long double is no wider than double.
 /// \note Zero sizes: B, Hq or Lq = 0 (also Hq = Hk = 0) is a problem with
 ///       nothing to write, and returns at once; Lk = 0 gives empty rows; D = 0
 ///       (explicit scale) gives scores 0; Dv = 0 leaves lse, P and π.

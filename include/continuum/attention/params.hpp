@@ -47,7 +47,9 @@ struct TensorView {
 };
 
 /// Which keys each query sees (MATH.md §3). The visible range of query i is
-/// [lo_i, hi_i); the curve is built from those keys only.
+/// [lo_i, hi_i); the curve is built from those keys only. attention_forward /
+/// attention_backward throw std::invalid_argument for explicit ranges outside
+/// 0 ≤ lo ≤ hi ≤ Lk, or only one of range_lo and range_hi given.
 struct Visibility {
   /// Causal, bottom-right aligned: hi_i = min(Lk, i + Lk - Lq + 1).
   bool causal = false;
@@ -70,8 +72,11 @@ struct Visibility {
 /// How the temperature τ > 0 is shared (MATH.md §8).
 enum class TemperatureShape { scalar, per_head, per_query };
 
-/// Temperature: one value, one per query head [heads], or one per query
-/// [batch, heads, Lq] contiguous. Scores are s = scale / τ · q·k.
+/// Temperature (dimensionless, MATH.md §8): one value, one per query head
+/// [heads], or one per query [batch, heads, Lq] contiguous. Scores are
+/// s = scale / τ · q·k. attention_forward / attention_backward throw
+/// std::invalid_argument when an element is ≤ 0 or not finite, when scale / τ
+/// overflows, or when `data` is null for a non-scalar shape.
 template <class T>
 struct Temperature {
   TemperatureShape shape = TemperatureShape::scalar;
@@ -126,7 +131,8 @@ struct AttentionOptions {
   Kernel kernel = Kernel::continuum;
   /// τ in accum_t<T> (MATH.md §8).
   Temperature<accum_t<T>> temperature{};
-  /// Softmax scale; default 1/sqrt(D).
+  /// Score scale; default 1/sqrt(D). Must be finite and > 0
+  /// (std::invalid_argument; also for D = 0 with the default).
   std::optional<double> scale{};
   Visibility visibility{};
   /// The arithmetic (see Compute). Rows whose *visible* data float cannot
@@ -139,7 +145,8 @@ struct AttentionOptions {
   /// form scale / τ in their float accumulator and reject it
   /// (std::invalid_argument).
   Compute compute = Compute::automatic;
-  /// OpenMP threads; 0 = the runtime's default. Results do not depend on it,
+  /// OpenMP threads, ≥ 0 (std::invalid_argument otherwise); 0 = the
+  /// runtime's default. Results do not depend on it,
   /// in any rounding mode: the workers run in the caller's floating-point
   /// modes (docs/MATH.md §10, Determinism).
   int num_threads = 0;
@@ -181,8 +188,9 @@ struct ForwardArgs : AttentionOptions<T> {
   /// Empty rows get -inf. Computed in the compute type and rounded once to
   /// the accumulator type (T for float/double; float for the CUDA backend's
   /// 16-bit storage types), so it is ±inf when log Z_i is outside that range
-  /// (tiny τ, huge scores). The CPU backward does not need it (it takes the
-  /// row statistics, row_stats, or computes them); the CUDA backward reads it.
+  /// (tiny τ, huge scores). Neither backward needs it (the CPU's takes the
+  /// row statistics, row_stats, or computes them; the CUDA backward
+  /// recomputes each row's maximum and Z).
   accum_t<T>* lse = nullptr;
   /// Optional inspection outputs, [B, Hq, Lq, Lk] contiguous (small inputs
   /// only): P (the weights that multiply the values) and π (cell masses),
@@ -202,10 +210,11 @@ struct ForwardArgs : AttentionOptions<T> {
 template <class T>
 struct BackwardArgs : AttentionOptions<T> {
   TensorView<const T> query, key, value, out, grad_out;
-  /// The forward's lse; optional for the CPU backend, which ignores it (its
-  /// row statistics hold each row's maximum, reference key and Z, so it also
-  /// works where lse overflowed, and a stale or wrong lse changes nothing);
-  /// the CUDA backend needs it. `out` is likewise not read by the CPU backend.
+  /// The forward's lse; optional, and read by neither backend (the CPU's
+  /// row statistics hold each row's maximum, reference key and Z, the CUDA
+  /// backward recomputes them, so both work where lse overflowed, and a stale
+  /// or wrong lse changes nothing).
+  /// `out` is likewise not read.
   const accum_t<T>* lse = nullptr;
   /// Optional (CPU): the forward's row statistics (RowStats). Without them
   /// the CPU backward computes them, with a forward of its own.

@@ -163,6 +163,10 @@ R half_segment_mass(const R& x, const R& y) {
 /// One attention problem with every input held in R. Layouts (contiguous):
 /// query [B, Hq, Lq, D], key [B, Hk, Lk, D], value [B, Hk, Lk, Dv],
 /// temperature [1] / [Hq] / [B, Hq, Lq], range_lo/hi empty or [B, Lq].
+/// Not validated: forward() and backward() assume what attention_forward
+/// checks (validate.hpp; e.g. Hk > 0 dividing Hq, τ > 0, ranges inside
+/// [0, Lk]); from_args() of an operator call that passed validation gives
+/// such a problem.
 template <class R>
 struct Problem {
   index_t batch = 1, heads_q = 1, heads_kv = 1, len_q = 0, len_k = 0, dim = 0, dim_v = 0;
@@ -304,8 +308,9 @@ Row<R> forward_row(const Problem<R>& p, index_t b, index_t h, index_t i) {
   return r;
 }
 
-/// Full forward: out [B,Hq,Lq,Dv], lse [B,Hq,Lq], probs and cell [B,Hq,Lq,Lk]
-/// (zeros outside the visible range), scores [B,Hq,Lq,Lk].
+/// Full forward: out [B,Hq,Lq,Dv], lse [B,Hq,Lq] (natural log; −∞ for an
+/// empty row), probs and cell [B,Hq,Lq,Lk] (zeros outside the visible range),
+/// scores [B,Hq,Lq,Lk].
 template <class R>
 struct ForwardResult {
   std::vector<R> out, lse, probs, cell, scores;

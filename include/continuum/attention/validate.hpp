@@ -292,8 +292,8 @@ index_t temperature_count(const Temperature<T>& t, const AttentionShape& s) {
 
 /// Checks τ: finite and > 0 (every element), and c = scale / τ finite in
 /// double (the CPU kernels form it in double or wider) and, with `fold_in_float`, at most FLT_MAX (the
-/// kernels that form c in float: the CPU's tiled kernels on float storage,
-/// the CUDA backend's fp32 accumulator).
+/// kernels that form c in float: the CUDA backend's fp32 accumulator; the
+/// CPU computes such rows in double).
 template <class T>
 void check_temperature(const char* fn, const Temperature<T>& t, const AttentionShape& s, double scale,
                        bool fold_in_float = false) {

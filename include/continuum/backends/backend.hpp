@@ -4,8 +4,12 @@
 
 namespace continuum {
 
+/// The CPU backend (backends/cpu.hpp; always available): pass `continuum::cpu`
+/// as attention_forward / attention_backward's first argument.
 struct cpu_t {};
 inline constexpr cpu_t cpu{};
+/// The CUDA backend (backends/cuda.cuh, docs/CUDA.md; include it from a .cu
+/// file compiled by nvcc): pass `continuum::cuda`; device pointers.
 struct cuda_t {};
 inline constexpr cuda_t cuda{};
 

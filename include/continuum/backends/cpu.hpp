@@ -17,8 +17,9 @@
 //     output rounded once to the storage type (lse and dτ stay float). For
 //     bfloat16 computed in float the stencil is evaluated to bfloat16's
 //     accuracy (2^-14 relative per term, cpu/vector_moments.hpp,
-//     StencilAccuracy::bf16), and the forward's tile products and the
-//     backward's score products (S, dP) run on a bfloat16 unit where the CPU
+//     StencilAccuracy::bf16), and the forward's tile products and all the
+//     backward's products (S, dP, and the dV, dK, dQ accumulations with P and
+//     dS rounded to bfloat16) run on a bfloat16 unit where the CPU
 //     has one that outruns float FMA, AMX-BF16 tiles or AVX512-BF16 vectors
 //     on AMD's CPUs (cpu/bf16_products.hpp, bf16::avx512bf16_preferred);
 //     float16 keeps float's stencil and vector products (its outputs hold 11
@@ -217,7 +218,7 @@ void run_forward(const ForwardArgs<T>& args, const AttentionShape& shape, double
 }
 
 /// The CPU backward of one validated call (attention_impl<cpu_t>::backward);
-/// Unit as for run_forward (the score products S and dP on it).
+/// Unit as for run_forward (S, dP and the dV, dK, dQ accumulations on it).
 template <class T, class Stencil, bf16::Unit Unit = bf16::Unit::none>
 void run_backward(const BackwardArgs<T>& args, const AttentionShape& shape, double scale) {
   static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value || is_storage16_v<T>,

@@ -50,7 +50,9 @@ struct attention_impl<cuda_t> {
 /// Forward on the GPU (MATH.md §4–§5); `args` hold device pointers. Same contract
 /// as attention/forward.hpp's attention_forward, except: T is float, __half or
 /// __nv_bfloat16 (fp32 accumulation; lse and the temperature are float for the
-/// 16-bit types); head_dim, Dv ≤ 256; probs / cell_mass must be null. The
+/// 16-bit types; the kernel bodies also take double, which only their host
+/// emulation, tests/cuda, runs); head_dim, Dv ≤ 256; probs / cell_mass must be
+/// null; compute float64 is CPU-only (std::invalid_argument). The
 /// values of device arrays (per-head / per-query τ: finite, > 0, scale/τ
 /// finite in fp32; explicit ranges: 0 ≤ lo ≤ hi ≤ Lk) are checked by a small
 /// kernel and the call then waits for the default stream; without such

@@ -7,8 +7,8 @@
 // Conventions (both backends): the stencil sees scores shifted by the row
 // maximum m_i, s̃_ij = s_ij − m_i ≤ 0, so −∞ is a valid, fully underflowed
 // score and ∞ − ∞ is never formed; lse_i = m_i + log Σ_j α̃_ij is rounded once
-// to the storage type (it may be ±∞ when log Z_i is outside that type's range;
-// the backward does not read it).
+// to accum_t<T> (float for 16-bit storage; it may be ±∞ when log Z_i is outside
+// that type's range; the backward does not read it).
 #pragma once
 
 #include <cstdint>

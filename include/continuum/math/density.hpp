@@ -67,7 +67,8 @@ struct ContinuumStencil {
   }
 };
 
-/// Softmax stencil policy: α_j = e^{s_j}; no neighbours, no coupling.
+/// Softmax stencil policy (MATH.md §8, softmax and focal): α_j = e^{s_j}; no
+/// neighbours, no coupling.
 struct SoftmaxStencil {
   static constexpr bool has_halo = false;
   template <class T>

@@ -206,7 +206,7 @@ CONTINUUM_HOST_DEVICE inline T nu(T a) { return T(detail::nu(double(a))); }
 template <class T>
 CONTINUUM_HOST_DEVICE inline T kappa(T a) { return T(detail::kappa(double(a))); }
 
-/// ν2(a) = ∫_0^1 (1-u)² e^{au} du = ν - κ: ∂w/∂x of the near segment weight.
+/// ν2(a) = ∫_0^1 (1-u)² e^{au} du = ν - κ (MATH.md §5): ∂w/∂x of the near segment weight.
 /// ν2(±0) = 1/3, ν2(-∞) = 0, ~1/|a| as a → -∞; NaN → NaN.
 template <class T>
 CONTINUUM_HOST_DEVICE inline T nu2(T a) { return T(detail::nu2(double(a))); }

@@ -57,7 +57,8 @@
 // The Lq × Lk matrices are never stored: memory is O(tiles + rows).
 // bfloat16 storage computed in float, on a bfloat16 unit (bf16::Unit: AMX-BF16
 // tiles or AVX512-BF16 vectors, the one the caller chose: cpu.hpp): the forward's S and
-// P·V and the backward's S and dP products run on it (bf16_products.hpp,
+// P·V and all the backward's products (S, dP; dV, dK, dQ with P and dS rounded
+// to bfloat16) run on it (bf16_products.hpp,
 // MATH.md §10, "bfloat16 products"), the rest as above.
 // 16-bit queries, keys and values (Stored<S>, S = bfloat16 or float16) are
 // read by the forward in their storage type, and its output written there,
