@@ -182,6 +182,18 @@ def _check_inputs(query, key, value):
                              f"bfloat16, got {dtype}")
 
 
+def _as_float(name, x):
+    """float(x) for a real number x; ValueError naming the option where x (a
+    Python int, a Fraction, ...) is beyond float64's range."""
+    try:
+        return float(x)
+    except OverflowError:
+        got = (f"{'a negative' if x < 0 else 'an'} integer of {len(str(abs(int(x))))} digits"
+               if isinstance(x, numbers.Integral) else repr(x)[:60])
+        raise ValueError(f"continuum_attention: {name} must be within float64's range "
+                         f"(finite and > 0), got {got}") from None
+
+
 def _check_compute(compute, query):
     """The `compute` string for the operators ("default" for None), or an error."""
     if compute is None:
@@ -277,7 +289,9 @@ def attention(
     Raises:
         ValueError: wrong ranks, mismatched shapes/heads, non-contiguous last
             axis, τ ≤ 0 or non-finite, a temperature outside float32's range
-            with 16-bit or float32 storage, a temperature tensor of another
+            with 16-bit or float32 storage, scale / τ beyond float64's range
+            (float64 storage), a number beyond float64's range for
+            ``temperature`` or ``scale``, a temperature tensor of another
             dtype or shape than documented, scale ≤ 0 or non-finite, ranges
             that are not integer tensors of shape [B, Lq], out of [0, Lk] or
             with lo > hi, window bounds beyond 64 bits, unknown kernel, mixed
@@ -306,7 +320,10 @@ def attention(
         double backward; no forward mode). ``torch.func.grad`` / ``vjp`` /
         ``jacrev`` are refused by PyTorch itself (a C++ autograd function);
         ``torch.autograd.grad`` and ``torch.autograd.functional.jacobian``
-        work.
+        work. On the ``meta`` device (and in a torch.compile trace, on fake
+        tensors) only the ranks, devices and dtypes above are checked: shapes
+        and values (heads, head_dim, τ, ranges) are checked by the kernels
+        when the call runs.
         Cost O(B·Hq·Lq·Lk·(D + Dv)); memory O(B·Hq·Lq) besides the output.
         When a gradient will be taken (grad mode on and an input requiring
         grad), the CPU forward also keeps its row statistics for the
@@ -373,7 +390,7 @@ def attention(
     elif isinstance(temperature, torch.Tensor):
         temp_tensor, temp_value = temperature, 1.0
     elif isinstance(temperature, numbers.Real) and not isinstance(temperature, bool):
-        temp_tensor, temp_value = None, float(temperature)
+        temp_tensor, temp_value = None, _as_float("temperature", temperature)
     else:
         raise TypeError(f"continuum_attention: temperature must be a number or a tensor, "
                         f"got {_type_name(temperature)}")
@@ -381,7 +398,7 @@ def attention(
         if not isinstance(scale, numbers.Real) or isinstance(scale, bool):
             raise TypeError(f"continuum_attention: scale must be None or a number, "
                             f"got {_type_name(scale)}")
-        scale = float(scale)
+        scale = _as_float("scale", scale)
     compute = _check_compute(compute, query)
     # The row statistics for the backward: only where a gradient will be asked for.
     wants_grad = torch.is_grad_enabled() and (

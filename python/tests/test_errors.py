@@ -228,6 +228,22 @@ def test_temperature_beyond_float32(dtype):
     assert torch.isfinite(out).all()
 
 
+def test_numbers_beyond_float64():
+    """A Python int or Fraction beyond float64's range, as temperature or scale,
+    is a ValueError naming the option (was: OverflowError, "int too large to
+    convert to float", naming neither)."""
+    from fractions import Fraction
+    for name, x, got in (("temperature", 10 ** 400, "an integer of 401 digits"),
+                         ("scale", 10 ** 400, "an integer of 401 digits"),
+                         ("scale", -10 ** 400, "a negative integer of 401 digits"),
+                         ("temperature", Fraction(10 ** 400, 3), "Fraction")):
+        raises(ValueError, rf"{name} must be within float64's range \(finite and > 0\), got {got}",
+               lambda q, k, v: ca.attention(q, k, v, **{name: x}))
+    q, k, v = qkv()  # ints and Fractions float64 holds are taken as numbers
+    assert torch.equal(ca.attention(q, k, v, temperature=3, scale=Fraction(1, 2)),
+                       ca.attention(q, k, v, temperature=3.0, scale=0.5))
+
+
 @pytest.mark.parametrize("shape", [(1, 2, 0, 4), (0, 2, 3, 4), (1, 0, 3, 4)])
 def test_empty_query_backward(shape):
     """No query rows: .sum().backward() hands in an expanded (stride-0) empty
