@@ -3,7 +3,8 @@
 Not the library's closed form: every segment of the piecewise-linear memory
 curve is integrated by Gauss-Legendre quadrature (32 nodes; the integrand
 exp of a linear function with |slope| ≤ ~10 here is resolved to ~1e-16
-relative), with the flat half-cells at the ends of each row's visible range
+relative; `panels` = n splits each segment into n pieces of 32 nodes each, for
+slopes up to ~10 n), with the flat half-cells at the ends of each row's visible range
 (MATH.md §2), and the visibility of MATH.md §3 written out from its definition.
 Plain autograd through it gives reference gradients. This mirrors the NumPy
 quadrature of examples/attn/check_numpy.py, vectorised and with the
@@ -36,8 +37,9 @@ def visibility_mask(B, Lq, Lk, causal=False, window=(-1, -1), ranges=None):
 
 
 def attention(q, k, v, kernel="continuum", causal=False, window=(-1, -1), ranges=None,
-              temperature=1.0, scale=None, probe=None):
+              temperature=1.0, scale=None, probe=None, panels=1):
     """(out, lse) as continuum_attention.attention, in the dtype of q (use float64).
+    panels: Gauss-Legendre pieces per segment (module docstring), for sharp rows.
     probe (a dict, optional) receives the scores s [B, Hq, Lq, Lk] (whose .grad
     after a backward is dS), the weights P and c = scale / τ [B, Hq, Lq, 1]."""
     B, Hq, Lq, D = q.shape
@@ -62,8 +64,9 @@ def attention(q, k, v, kernel="continuum", causal=False, window=(-1, -1), ranges
     if kernel in ("softmax", "focal"):
         alpha = torch.where(vis, torch.exp(sm), zero)
     else:
-        u = torch.tensor((_NODES + 1) / 2, dtype=s.dtype)
-        w = torch.tensor(_WEIGHTS / 2, dtype=s.dtype)
+        nodes = ((_NODES[None, :] + 1) / 2 + np.arange(panels)[:, None]) / panels
+        u = torch.tensor(nodes.ravel(), dtype=s.dtype)
+        w = torch.tensor(np.tile(_WEIGHTS / 2 / panels, panels), dtype=s.dtype)
         seg = vis[..., :-1] & vis[..., 1:]                   # segment j -> j+1 on the curve
         x, y = sm[..., :-1, None], sm[..., 1:, None]
         e = torch.exp((1 - u) * x + u * y)                   # [..., Lk-1, nodes]
