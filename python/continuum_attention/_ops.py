@@ -184,14 +184,20 @@ def _check_inputs(query, key, value):
 
 def _as_float(name, x):
     """float(x) for a real number x; ValueError naming the option where x (a
-    Python int, a Fraction, ...) is beyond float64's range."""
+    Python int, a Fraction, ...) is beyond float64's range, or nonzero and
+    rounds to 0."""
     try:
-        return float(x)
+        f = float(x)
+        if f != 0 or x == 0:
+            return f
     except OverflowError:
-        got = (f"{'a negative' if x < 0 else 'an'} integer of {len(str(abs(int(x))))} digits"
-               if isinstance(x, numbers.Integral) else repr(x)[:60])
-        raise ValueError(f"continuum_attention: {name} must be within float64's range "
-                         f"(finite and > 0), got {got}") from None
+        pass
+    if isinstance(x, numbers.Integral):  # bit_length: str() of a huge int is refused too
+        got = f"{'a negative' if x < 0 else 'an'} integer of about {int(abs(int(x)).bit_length() * 0.30103) + 1} digits"
+    else:
+        got = repr(x)[:60]
+    raise ValueError(f"continuum_attention: {name} must be within float64's range "
+                     f"(finite and > 0), got {got}")
 
 
 def _check_compute(compute, query):
@@ -289,19 +295,20 @@ def attention(
     Raises:
         ValueError: wrong ranks, mismatched shapes/heads, non-contiguous last
             axis, τ ≤ 0 or non-finite, a temperature outside float32's range
-            with 16-bit or float32 storage, scale / τ beyond float64's range
-            (float64 storage), a number beyond float64's range for
+            with 16-bit or float32 storage, scale / τ beyond float64's range,
+            a number beyond float64's range (or nonzero and rounding to 0) for
             ``temperature`` or ``scale``, a temperature tensor of another
             dtype or shape than documented, scale ≤ 0 or non-finite, ranges
             that are not integer tensors of shape [B, Lq], out of [0, Lk] or
             with lo > hi, window bounds beyond 64 bits, unknown kernel, mixed
             devices or dtypes, unsupported dtype (e.g. float64 on CUDA,
             integers), an unknown ``compute``, ``compute="float32"`` with
-            float64 storage, ``compute="float64"`` on CUDA. The wrapper's
-            messages start with "continuum_attention:", the C++ library's
-            with "continuum::attention_forward:" or
-            "continuum::attention_backward:" ("continuum::attention_forward(cuda):"
-            on CUDA); each names the argument.
+            float64 storage, ``compute="float64"`` on CUDA. Each message
+            names the argument; the wrapper's start with
+            "continuum_attention:", the C++ library's with
+            "continuum::attention_forward:" or "continuum::attention_backward:"
+            ("(cuda)" after the function's name on CUDA), and an unusable
+            CONTINUUM_CPU_ISA's with "CONTINUUM_CPU_ISA".
         TypeError: a non-tensor query/key/value, or a bad option type: a
             non-bool ``causal``, a ``window`` that is not two ints, ``ranges``
             that are not two tensors, a non-number ``scale`` or
@@ -321,9 +328,9 @@ def attention(
         ``jacrev`` are refused by PyTorch itself (a C++ autograd function);
         ``torch.autograd.grad`` and ``torch.autograd.functional.jacobian``
         work. On the ``meta`` device (and in a torch.compile trace, on fake
-        tensors) only the ranks, devices and dtypes above are checked: shapes
-        and values (heads, head_dim, τ, ranges) are checked by the kernels
-        when the call runs.
+        tensors) only the options' types, the ranks, one device and one
+        shared dtype are checked: shapes, supported dtypes and values (heads,
+        head_dim, τ, ranges) are checked by the kernels when the call runs.
         Cost O(B·Hq·Lq·Lk·(D + Dv)); memory O(B·Hq·Lq) besides the output.
         When a gradient will be taken (grad mode on and an input requiring
         grad), the CPU forward also keeps its row statistics for the

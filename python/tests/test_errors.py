@@ -229,14 +229,17 @@ def test_temperature_beyond_float32(dtype):
 
 
 def test_numbers_beyond_float64():
-    """A Python int or Fraction beyond float64's range, as temperature or scale,
-    is a ValueError naming the option (was: OverflowError, "int too large to
-    convert to float", naming neither)."""
+    """A Python int or Fraction beyond float64's range (or nonzero and rounding
+    to 0), as temperature or scale, is a ValueError naming the option (was:
+    OverflowError, "int too large to convert to float", naming neither; an int
+    of over 4300 digits: Python's own limit on converting it to a string)."""
     from fractions import Fraction
-    for name, x, got in (("temperature", 10 ** 400, "an integer of 401 digits"),
-                         ("scale", 10 ** 400, "an integer of 401 digits"),
-                         ("scale", -10 ** 400, "a negative integer of 401 digits"),
-                         ("temperature", Fraction(10 ** 400, 3), "Fraction")):
+    for name, x, got in (("temperature", 10 ** 400, "an integer of about 401 digits"),
+                         ("scale", 10 ** 400, "an integer of about 401 digits"),
+                         ("scale", -10 ** 400, "a negative integer of about 401 digits"),
+                         ("temperature", 10 ** 5000, "an integer of about 5001 digits"),
+                         ("temperature", Fraction(10 ** 400, 3), "Fraction"),
+                         ("scale", Fraction(1, 10 ** 400), "Fraction")):
         raises(ValueError, rf"{name} must be within float64's range \(finite and > 0\), got {got}",
                lambda q, k, v: ca.attention(q, k, v, **{name: x}))
     q, k, v = qkv()  # ints and Fractions float64 holds are taken as numbers

@@ -21,7 +21,8 @@ rounded to bfloat16. The row statistics of the unit's forward give each row's
 δ an error of at most 2^-8 H_i, H_i = Σ_j P_ij |dP_ij − dP_i,ref| (ref: the
 row's first maximal key; docs/MATH.md §6), which moves each dS_ij by P_ij
 times it: dQ's terms gain c_i H_i Σ_j P_ij |k_j|, dK's Σ_i c_i P_ij H_i |q_i|.
-The "sharp" case (τ = 0.01, scores tens apart) is where that term counts.
+The "sharp" case (τ = 0.01, neighbouring scores up to ~230 apart) is where
+that term counts.
 
 The continuum kernel's stencil is evaluated to bfloat16's accuracy in a
 bfloat16 call (docs/MATH.md §10, "The bfloat16 stencil": each segment term
@@ -57,7 +58,7 @@ def unit_gradient_terms(q, k, v, do, kernel, causal, tau):
     qq, kk, vv = (t.detach().double().requires_grad_() for t in (q, k, v))
     t = tau.double() if isinstance(tau, torch.Tensor) else tau
     out, _ = reference.attention(qq, kk, vv, kernel=kernel, causal=causal, temperature=t, probe=probe,
-                                 panels=16)  # score gaps up to ~100 at τ = 0.01
+                                 panels=16)  # neighbouring scores up to ~230 apart at τ = 0.01
     out.backward(do.double())
     s, ds, P, c = probe["s"].detach(), probe["s"].grad.abs(), probe["P"].detach(), probe["c"]
     g = q.shape[1] // k.shape[1]

@@ -63,8 +63,10 @@ namespace continuum {
 ///         enum; range_lo without range_hi or the reverse; row_stats with
 ///         one of its two arrays null; on the CPU, a CONTINUUM_CPU_ISA that
 ///         names an unknown instruction set or one this CPU cannot run
-///         (backends/cpu/dispatch.hpp), and double storage whose raw scores
-///         exceed DBL_MAX where long double is no wider than double.
+///         (backends/cpu/dispatch.hpp), and, where long double is no wider
+///         than double, rows that need it (MATH.md §10, "Compute type": raw
+///         scores beyond DBL_MAX, scores beyond 4096 or values near DBL_MAX
+///         in double arithmetic).
 /// \note Zero sizes: B, Hq or Lq = 0 (also Hq = Hk = 0) is a problem with
 ///       nothing to write, and returns at once; Lk = 0 gives empty rows; D = 0
 ///       (explicit scale) gives scores 0; Dv = 0 leaves lse, P and π.
